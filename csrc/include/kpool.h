@@ -1,0 +1,223 @@
+/* kpool.h: the public C API of kpool, a memory-pool allocator.
+ *
+ * One process has one kpool heap, shared by every caller of this library
+ * (C code, cffi, and the Python package kpool, which links the same
+ * libkpool.so).
+ *
+ * Errors: functions that allocate return NULL and set errno:
+ *   ENOMEM  out of memory, or a size so large it cannot be represented;
+ *   EINVAL  a bad argument (alignment not a power of two, block size 0, ...);
+ *   ENOBUFS a bounded pool is at its capacity.
+ * Misuse that kpool detects (freeing a pointer it never gave out, a double
+ * free where detectable, a pointer given to the wrong pool) goes to the error
+ * handler, which by default prints a message naming the call and the address
+ * and aborts.
+ *
+ * Alignment: every block is aligned to at least 16 bytes; a block whose size
+ * class is a power of two up to the page size (8 KiB) is aligned to that size.
+ *
+ * Thread safety: every function may be called from any thread, except that
+ * one kp_arena must not be used by two threads at once (see below).
+ */
+#ifndef KPOOL_H
+#define KPOOL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define KP_API __attribute__((visibility("default")))
+#else
+#define KP_API
+#endif
+
+#define KPOOL_VERSION_MAJOR 0
+#define KPOOL_VERSION_MINOR 1
+#define KPOOL_VERSION_PATCH 0
+#define KPOOL_VERSION_STRING "0.1.0"
+
+/* ------------------------------------------------------------------------
+ * General heap
+ * ---------------------------------------------------------------------- */
+
+/* kp_malloc(0) returns a unique pointer that may be passed to kp_free. */
+KP_API void *kp_malloc(size_t size);
+/* count * size overflowing returns NULL with errno ENOMEM. Memory is zeroed. */
+KP_API void *kp_calloc(size_t count, size_t size);
+/* kp_realloc(NULL, n) is kp_malloc(n). kp_realloc(p, 0) frees p and returns
+ * a fresh unique pointer, as kp_malloc(0) would (never NULL on success); on
+ * failure it returns NULL and p is left untouched. */
+KP_API void *kp_realloc(void *p, size_t size);
+/* alignment must be a power of two (else NULL, errno EINVAL); any power of
+ * two up to 1 GiB works. size need not be a multiple of alignment. */
+KP_API void *kp_aligned_alloc(size_t alignment, size_t size);
+/* NULL is a no-op. */
+KP_API void kp_free(void *p);
+/* C23 free_sized: size is the size that was requested for p (any value
+ * between the requested size and kp_usable_size(p) is accepted). */
+KP_API void kp_free_sized(void *p, size_t size);
+/* Bytes usable at p (>= the size requested); 0 for NULL or a pointer kpool
+ * does not own. */
+KP_API size_t kp_usable_size(const void *p);
+/* 1 if p lies inside a block that kpool has handed out and not yet taken
+ * back to its page heap (interior pointers too), else 0. A small block that
+ * was freed answers 1 until its span of pages is given back; a pointer kpool
+ * never mapped (stack, glibc's malloc, static data) always answers 0. */
+KP_API int kp_owns(const void *p);
+/* Give this thread's cached free blocks back to the shared lists. */
+KP_API void kp_thread_flush(void);
+/* Give all idle memory back to the OS: this thread's cache, the shared
+ * lists' empty spans, the page heap's free spans. Returns bytes released. */
+KP_API size_t kp_trim(void);
+
+/* ------------------------------------------------------------------------
+ * Fixed-size pools
+ *
+ * block_size: 1 .. KP_POOL_MAX_BLOCK; align: 0 (means 16) or a power of two
+ * up to KP_POOL_MAX_ALIGN; capacity: the most blocks live at once, exact
+ * across threads, 0 for unbounded. Unbounded pools keep a per-thread cache
+ * (no lock, no atomic on the fast path); bounded pools share one lock-free
+ * stack so that the capacity is exact.
+ * kp_pool_destroy gives back all of the pool's memory, including blocks still
+ * live (they become invalid) and blocks cached by threads that exited. In a
+ * KP_DEBUG build destroying a pool with live blocks reaches the error handler.
+ * ---------------------------------------------------------------------- */
+#define KP_POOL_MAX_BLOCK ((size_t)1 << 30)
+#define KP_POOL_MAX_ALIGN ((size_t)1 << 20)
+
+typedef struct kp_pool kp_pool;
+KP_API kp_pool *kp_pool_create(size_t block_size, size_t align, size_t capacity);
+/* NULL when exhausted (errno ENOBUFS) or out of memory (errno ENOMEM). */
+KP_API void *kp_pool_alloc(kp_pool *pool);
+/* p must be a live block of pool; anything else reaches the error handler
+ * and leaves the pool intact. NULL is a no-op. */
+KP_API void kp_pool_free(kp_pool *pool, void *p);
+KP_API void kp_pool_destroy(kp_pool *pool);
+/* The block size rounded up to the pool's alignment. */
+KP_API size_t kp_pool_block_size(const kp_pool *pool);
+/* 1 if p is a live block of pool (exact; takes the pool's lock). */
+KP_API int kp_pool_owns(kp_pool *pool, const void *p);
+/* Give the memory of wholly idle chunks back; bytes released. */
+KP_API size_t kp_pool_trim(kp_pool *pool);
+
+typedef struct kp_pool_stats {
+    size_t struct_size;       /* set by the caller to sizeof(kp_pool_stats) */
+    uint64_t allocs;          /* successful kp_pool_alloc calls */
+    uint64_t frees;           /* kp_pool_free calls */
+    uint64_t hits;            /* allocs served by a block freed before */
+    uint64_t misses;          /* allocs that carved a new block */
+    uint64_t exhausted;       /* allocs refused at capacity (ENOBUFS) */
+    uint64_t capacity_waits;  /* waits for a free block, noted by kp_pool_note_wait */
+    size_t live;              /* blocks live now */
+    size_t high_water;        /* most blocks live at once */
+    size_t capacity;          /* 0 = unbounded */
+    size_t block_size;
+    size_t bytes_mapped;      /* bytes of chunks held by the pool */
+    size_t chunks;
+} kp_pool_stats;
+/* 0 on success, -1 with errno EINVAL if out is NULL or struct_size too small. */
+KP_API int kp_pool_stats_get(kp_pool *pool, kp_pool_stats *out);
+/* Callers that wait for a block at capacity (the Python BufferPool) count
+ * their waits here so that they appear in kp_pool_stats. */
+KP_API void kp_pool_note_wait(kp_pool *pool);
+
+/* ------------------------------------------------------------------------
+ * Arenas (regions): bump allocation over chunks, all freed at once.
+ * One arena must not be used by two threads at the same time (the caller
+ * serialises; the Python Arena holds a lock). Different arenas are
+ * independent.
+ * ---------------------------------------------------------------------- */
+typedef struct kp_arena kp_arena;
+/* chunk_size 0 means 1 MiB; it is rounded up to the page size. */
+KP_API kp_arena *kp_arena_create(size_t chunk_size);
+/* align 0 means 16; any power of two up to 1 GiB. A request larger than a
+ * chunk gets a chunk of its own. size 0 returns a unique pointer. */
+KP_API void *kp_arena_alloc(kp_arena *arena, size_t size, size_t align);
+/* Free everything at once; the first chunk is kept for reuse. */
+KP_API void kp_arena_reset(kp_arena *arena);
+KP_API void kp_arena_destroy(kp_arena *arena);
+KP_API size_t kp_arena_used(const kp_arena *arena);      /* bytes handed out since reset */
+KP_API size_t kp_arena_reserved(const kp_arena *arena);  /* bytes of chunks held */
+
+/* ------------------------------------------------------------------------
+ * Statistics
+ * ---------------------------------------------------------------------- */
+#define KP_STATS_VERSION 1
+#define KP_STATS_MAX_CLASSES 160
+
+typedef struct kp_class_stats {
+    size_t size;              /* the class's block size */
+    size_t in_use;            /* blocks live */
+    size_t free_in_central;   /* free blocks in the central lists */
+    size_t free_in_tcaches;   /* free blocks in all thread caches */
+    uint64_t allocs;
+    uint64_t frees;
+    size_t spans;             /* spans of pages carved for this class */
+} kp_class_stats;
+
+typedef struct kp_stats {
+    size_t struct_size;       /* set by the caller to sizeof(kp_stats) */
+    uint32_t version;         /* filled: KP_STATS_VERSION */
+    uint32_t enabled;         /* 0 when the library was built without counters */
+    /* gauges */
+    size_t bytes_in_use;      /* class sizes of live blocks, pages of live large blocks */
+    size_t bytes_requested;   /* bytes requested for live blocks */
+    int    requested_exact;   /* 1 while every free since start told its size */
+    size_t bytes_mapped;      /* bytes of address space mapped for the heap */
+    size_t bytes_released;    /* of those, given back to the OS (madvise) */
+    size_t bytes_free_tcaches;   /* free bytes in thread caches */
+    size_t bytes_free_central;   /* free bytes in central lists (carved spans) */
+    size_t bytes_free_pageheap;  /* free bytes in page-heap spans, not released */
+    size_t bytes_metadata;       /* bytes mapped for kpool's own bookkeeping */
+    size_t largest_free_span;    /* bytes of the largest free, unreleased span */
+    size_t threads;              /* thread caches alive */
+    /* event counters (zeroed by kp_stats_reset) */
+    uint64_t allocs;
+    uint64_t frees;
+    uint64_t tcache_hits;
+    uint64_t tcache_misses;
+    uint64_t central_fetches;    /* batches moved central -> tcache */
+    uint64_t central_returns;    /* batches moved tcache -> central */
+    uint64_t pageheap_grows;     /* times the page heap mapped memory */
+    uint64_t large_allocs;
+    uint64_t lock_acquires;
+    uint64_t lock_contended;     /* a try-lock failed and the thread waited */
+    uint64_t lock_wait_ns;       /* time spent waiting, timed only when contended */
+    uint64_t os_releases;        /* madvise calls that gave pages back */
+    double internal_fragmentation;  /* 1 - bytes_requested / bytes_in_use */
+    double external_fragmentation;  /* free bytes held that cannot serve the
+                                       largest free request, over free bytes held */
+    size_t nclasses;
+    kp_class_stats classes[KP_STATS_MAX_CLASSES];
+} kp_stats;
+
+/* 0 on success; -1 with errno EINVAL if out is NULL or out->struct_size is
+ * smaller than the part of the struct before `classes`. Fills as much of the
+ * struct as struct_size covers. */
+KP_API int kp_stats_get(kp_stats *out);
+/* Zero the event counters (not the gauges). */
+KP_API void kp_stats_reset(void);
+/* Human-readable summary. KPOOL_STATS=1 in the environment prints it to
+ * stderr at exit. */
+KP_API void kp_stats_print(FILE *out);
+
+/* ------------------------------------------------------------------------
+ * Misuse
+ * ---------------------------------------------------------------------- */
+typedef void (*kp_error_handler)(const char *call, const void *ptr, const char *what);
+/* NULL restores the default (print and abort). Returns the previous one.
+ * A handler that returns makes the call do nothing. */
+KP_API kp_error_handler kp_set_error_handler(kp_error_handler h);
+
+/* Library version string, "0.1.0". */
+KP_API const char *kp_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KPOOL_H */
