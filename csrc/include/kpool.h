@@ -169,11 +169,20 @@ typedef struct kp_stats {
     size_t bytes_requested;   /* bytes requested for live blocks */
     int    requested_exact;   /* 1 while every free since start told its size */
     size_t bytes_mapped;      /* bytes of address space mapped for the heap */
-    size_t bytes_released;    /* of those, given back to the OS (madvise) */
+    size_t bytes_released;    /* of those, not resident: given back to the OS, or never touched */
     size_t bytes_free_tcaches;   /* free bytes in thread caches */
     size_t bytes_free_central;   /* free bytes in central lists (carved spans) */
     size_t bytes_free_pageheap;  /* free bytes in page-heap spans, not released */
-    size_t bytes_metadata;       /* bytes mapped for kpool's own bookkeeping */
+    size_t bytes_metadata;       /* bytes mapped for kpool's own bookkeeping (not in bytes_mapped) */
+    size_t bytes_small_spans;    /* bytes of spans carved into size classes */
+    size_t bytes_span_waste;     /* of those, tail bytes no object fits in */
+    size_t bytes_large;          /* bytes of spans holding one large block each */
+    size_t bytes_pools;          /* bytes of kp_pool chunks */
+    size_t bytes_arenas;         /* bytes of kp_arena chunks */
+    /* bytes_mapped == bytes_small_spans + bytes_large + bytes_pools + bytes_arenas
+     *                 + bytes_free_pageheap + bytes_released, and
+     * bytes_small_spans == small bytes in use + bytes_free_tcaches
+     *                      + bytes_free_central + bytes_span_waste */
     size_t largest_free_span;    /* bytes of the largest free, unreleased span */
     size_t threads;              /* thread caches alive */
     /* event counters (zeroed by kp_stats_reset) */

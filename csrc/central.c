@@ -1,0 +1,149 @@
+/* central.c: one free list per size class, shared by all threads.
+ *
+ * Job: move objects to and from thread caches in batches. A class's free
+ * objects live in its spans (each span keeps its own free list plus a bump
+ * cursor over objects never carved, so a new span is not touched until its
+ * objects are handed out). A span whose objects are all free goes back to
+ * the page heap at once; the page heap keeps it resident for a while.
+ * Calls: pageheap (spans), pagemap (object -> span, class bytes).
+ * Invariants (_kp_central_is_valid): free_objects == sum over the class's
+ *   spans of |freelist| + (capacity - carved); a span is on `partial` iff it
+ *   has a free object; spans with allocated == 0 are not kept.
+ * Locks: one kp_lock per class, each on its own cache line. A class lock may
+ *   be held while taking the page heap lock, never the reverse; no two class
+ *   locks are held at once (except by fork's prepare handler, in class order).
+ */
+#include "kp_internal.h"
+
+static kp_central centrals[KP_NUM_CLASSES];
+
+kp_central *_kp_central(unsigned cls) { return &centrals[cls]; }
+
+void _kp_central_init(void) {
+    for (unsigned c = 0; c < KP_NUM_CLASSES; c++) {
+        _kp_lock_init(&centrals[c].lock);
+        centrals[c].partial.next = centrals[c].partial.prev = &centrals[c].partial;
+    }
+}
+
+static void partial_push(kp_central *c, kp_span *s) {
+    s->next = c->partial.next;
+    s->prev = &c->partial;
+    c->partial.next->prev = s;
+    c->partial.next = s;
+    s->on_list = 1;
+}
+
+static void partial_remove(kp_span *s) {
+    s->prev->next = s->next;
+    s->next->prev = s->prev;
+    s->next = s->prev = NULL;
+    s->on_list = 0;
+}
+
+/* A fresh span for cls, on the partial list. REQUIRES class lock. */
+static kp_span *new_span(kp_central *c, unsigned cls) {
+    const kp_class_info *ci = &_kp_classes[cls];
+    kp_span *s = _kp_pageheap_alloc(ci->npages, KP_SPAN_SMALL);
+    if (!s) return NULL;
+    s->sizeclass = (uint8_t)cls;
+    s->capacity = ci->objects;
+    s->carved = 0;
+    s->allocated = 0;
+    s->freelist = NULL;
+#if KP_DEBUG
+    for (int i = 0; i < 8; i++) atomic_store(&s->live_bits[i], 0);
+#endif
+    /* The span is ours alone until its objects are handed out, so its class
+     * bytes can be written without the page heap lock. */
+    _kp_pagemap_set_class(s->start, s->npages, cls);
+    partial_push(c, s);
+    KP_BUMP(c->spans, 1);
+    KP_BUMP(c->free_objects, s->capacity);
+    return s;
+}
+
+unsigned _kp_central_fetch(unsigned cls, unsigned n, void **head_out, void **tail_out) {
+    kp_central *c = &centrals[cls];
+    const size_t size = _kp_classes[cls].size;
+    void *head = NULL, *tail = NULL;
+    unsigned got = 0;
+    _kp_lock(&c->lock);
+    while (got < n) {
+        kp_span *s = c->partial.next;
+        if (s == &c->partial) {
+            s = new_span(c, cls);
+            if (!s) break;
+        }
+        char *base = (char *)(s->start << KP_PAGE_SHIFT);
+        while (got < n) {
+            void *obj;
+            if (s->freelist) {
+                obj = s->freelist;
+                s->freelist = *(void **)obj;
+            } else if (s->carved < s->capacity) {
+                obj = base + (size_t)s->carved * size;
+                s->carved++;
+            } else {
+                break;
+            }
+            *(void **)obj = head;
+            head = obj;
+            if (!tail) tail = obj;
+            s->allocated++;
+            got++;
+        }
+        if (!s->freelist && s->carved == s->capacity) partial_remove(s);
+    }
+    KP_STORE(c->free_objects, KP_LOAD(c->free_objects) - got);
+    _kp_unlock(&c->lock);
+    *head_out = head;
+    *tail_out = tail;
+    if (got == 0) errno = ENOMEM;
+    return got;
+}
+
+void _kp_central_return(unsigned cls, void *head, unsigned n) {
+    kp_central *c = &centrals[cls];
+    _kp_lock(&c->lock);
+    size_t freed_objects = 0;
+    for (unsigned i = 0; i < n && head; i++) {
+        void *obj = head;
+        head = *(void **)obj;
+        kp_span *s = _kp_pagemap_get((uintptr_t)obj >> KP_PAGE_SHIFT);
+        kp_assert(s && s->state == KP_SPAN_SMALL && s->sizeclass == cls);
+        *(void **)obj = s->freelist;
+        s->freelist = obj;
+        s->allocated--;
+        freed_objects++;
+        if (s->allocated == 0) {
+            if (s->on_list) partial_remove(s);
+            KP_STORE(c->free_objects, KP_LOAD(c->free_objects) + freed_objects - s->capacity);
+            freed_objects = 0;
+            KP_STORE(c->spans, KP_LOAD(c->spans) - 1);
+            _kp_pageheap_free(s);
+        } else if (!s->on_list) {
+            partial_push(c, s);
+        }
+    }
+    KP_STORE(c->free_objects, KP_LOAD(c->free_objects) + freed_objects);
+    _kp_unlock(&c->lock);
+}
+
+int _kp_central_is_valid(unsigned cls) {
+    kp_central *c = &centrals[cls];
+    _kp_lock(&c->lock);
+    size_t free_objects = 0;
+    int ok = 1;
+    for (kp_span *s = c->partial.next; ok && s != &c->partial; s = s->next) {
+        size_t listed = 0;
+        for (void *p = s->freelist; p; p = *(void **)p) listed++;
+        size_t free_here = listed + (s->capacity - s->carved);
+        ok = s->state == KP_SPAN_SMALL && s->sizeclass == cls && s->on_list && free_here > 0 &&
+             s->allocated + free_here == s->capacity && s->allocated > 0;
+        free_objects += free_here;
+    }
+    ok = ok && free_objects == KP_LOAD(c->free_objects);
+    _kp_unlock(&c->lock);
+    return ok;
+}

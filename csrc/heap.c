@@ -1,0 +1,329 @@
+/* heap.c: kp_malloc, kp_free and friends: the fast path that ties the
+ * layers together.
+ *
+ * Job: a request of at most KP_SMALL_MAX bytes is rounded to its class and
+ * popped from this thread's cache (tcache.c) with no lock and no atomic
+ * read-modify-write; a free pushes the block back after one pagemap read
+ * (the page's class byte). Larger requests are spans of their own from the
+ * page heap. Misuse that can be seen cheaply goes to the error handler:
+ * pointers kpool never gave out, a block freed twice in a row, a freed large
+ * block; a KP_DEBUG build also checks interior pointers and every double free
+ * (a live bit per object).
+ * Calls: tcache, central (threads whose cache is gone), pageheap, pagemap.
+ * Invariants: a block is in exactly one place: a user's hands, one thread
+ *   list, or one span's free list. kp_realloc(p, 0) frees p and returns the
+ *   unique pointer kp_malloc(0) gives.
+ * Locks: none on the fast path; large blocks and untrusted pointers take
+ *   the page heap lock (lookups are validated under it).
+ */
+#include "kp_internal.h"
+
+/* Large-block figures, updated on the slow path. */
+static _Atomic size_t large_bytes, large_requested;
+static _Atomic uint64_t large_allocs, large_frees;
+
+void _kp_heap_large_figures(size_t *bytes, size_t *requested, uint64_t *allocs, uint64_t *frees) {
+    *bytes = atomic_load_explicit(&large_bytes, memory_order_relaxed);
+    *requested = atomic_load_explicit(&large_requested, memory_order_relaxed);
+    *allocs = atomic_load_explicit(&large_allocs, memory_order_relaxed);
+    *frees = atomic_load_explicit(&large_frees, memory_order_relaxed);
+}
+
+/* ---- debug live bits --------------------------------------------------------- */
+#if KP_DEBUG
+static int debug_mark(void *p, int alloc, const char *call) {
+    kp_span *s = _kp_pagemap_get((uintptr_t)p >> KP_PAGE_SHIFT);
+    size_t off = (uintptr_t)p - (s->start << KP_PAGE_SHIFT);
+    size_t size = _kp_classes[s->sizeclass].size;
+    if (off % size) {
+        _kp_error(call, p, "pointer is inside a block, not its start");
+        return -1;
+    }
+    size_t idx = off / size;
+    uint64_t bit = (uint64_t)1 << (idx % 64);
+    if (alloc) {
+        atomic_fetch_or(&s->live_bits[idx / 64], bit);
+    } else if (!(atomic_fetch_and(&s->live_bits[idx / 64], ~bit) & bit)) {
+        _kp_error(call, p, "double free (block is not live)");
+        return -1;
+    }
+    return 0;
+}
+#define DEBUG_MARK(p, alloc, call) debug_mark(p, alloc, call)
+#else
+#define DEBUG_MARK(p, alloc, call) 0
+#endif
+
+/* ---- small blocks ---------------------------------------------------------------- */
+
+/* One object of cls for a thread without a cache (exiting, or its cache
+ * could not be made). */
+static void *uncached_alloc(unsigned cls, size_t size) {
+    void *head, *tail;
+    if (_kp_central_fetch(cls, 1, &head, &tail) == 0) return NULL;
+    _kp_tcache_count_uncached(cls, 1, size);
+    return head;
+}
+
+static void *small_alloc_slow(unsigned cls, size_t size) {
+    kp_tcache *tc = _kp_tcache_get();
+    void *p;
+    if (!tc) {
+        p = uncached_alloc(cls, size);
+    } else {
+        kp_tlist *l = &tc->lists[cls];
+        p = l->head;
+        if (p) {
+            l->head = *(void **)p;
+            KP_STORE(l->count, KP_LOAD(l->count) - 1);
+            tc->bytes -= _kp_classes[cls].size;
+        } else {
+            p = _kp_tcache_refill(tc, cls);
+        }
+        if (p) {
+            KP_STAT_BUMP(l->allocs, 1);
+            KP_STAT_BUMP(tc->counters.requested_alloc, size);
+        }
+    }
+    if (!p) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    (void)DEBUG_MARK(p, 1, "kp_malloc");
+    return p;
+}
+
+static inline void *small_alloc(unsigned cls, size_t size) {
+    kp_tcache *tc = _kp_tls_tcache;
+    if (KP_LIKELY(tc != NULL)) {
+        kp_tlist *l = &tc->lists[cls];
+        void *p = l->head;
+        if (KP_LIKELY(p != NULL)) {
+            l->head = *(void **)p;
+            KP_STORE(l->count, KP_LOAD(l->count) - 1);
+            tc->bytes -= _kp_classes[cls].size;
+            KP_STAT_BUMP(l->allocs, 1);
+            KP_STAT_BUMP(tc->counters.requested_alloc, size);
+            if (KP_DEBUG) (void)DEBUG_MARK(p, 1, "kp_malloc");
+            return p;
+        }
+    }
+    return small_alloc_slow(cls, size);
+}
+
+#define UNKNOWN_SIZE ((size_t)-1)
+
+/* Push p (class cls, `requested` bytes or UNKNOWN_SIZE) on this thread's
+ * list. */
+static void small_free(void *p, unsigned cls, size_t requested, const char *call) {
+    if (KP_DEBUG && DEBUG_MARK(p, 0, call) != 0) return;
+    kp_tcache *tc = _kp_tls_tcache;
+    if (KP_UNLIKELY(tc == NULL)) {
+        tc = _kp_tcache_get();
+        if (!tc) {
+            *(void **)p = NULL;
+            _kp_central_return(cls, p, 1);
+            _kp_tcache_count_uncached(cls, 0, requested != UNKNOWN_SIZE ? requested : _kp_classes[cls].size);
+            return;
+        }
+    }
+    kp_tlist *l = &tc->lists[cls];
+    if (KP_UNLIKELY(l->head == p)) {
+        _kp_error(call, p, "double free (block is already at the head of this thread's free list)");
+        return;
+    }
+    const size_t size = _kp_classes[cls].size;
+    *(void **)p = l->head;
+    l->head = p;
+    uint32_t n = KP_LOAD(l->count) + 1;
+    KP_STORE(l->count, n);
+    tc->bytes += size;
+    KP_STAT_BUMP(l->frees, 1);
+    if (requested != UNKNOWN_SIZE) {
+        KP_STAT_BUMP(tc->counters.requested_free, requested);
+    } else {
+        KP_STAT_BUMP(tc->counters.requested_free, size);
+        KP_STAT_BUMP(tc->counters.unsized_frees, 1);
+    }
+    if (KP_UNLIKELY(n > l->max || tc->bytes > KP_TCACHE_MAX_BYTES)) _kp_tcache_overflow(tc, cls);
+}
+
+/* ---- large blocks ----------------------------------------------------------------- */
+
+static void *large_alloc(size_t size, size_t align) {
+    if (size > ((size_t)1 << (KP_ADDRESS_BITS - 1))) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    size_t npages = (size + KP_PAGE_SIZE - 1) >> KP_PAGE_SHIFT;
+    if (npages == 0) npages = 1;
+    size_t align_pages = align > KP_PAGE_SIZE ? align >> KP_PAGE_SHIFT : 1;
+    kp_span *s = _kp_pageheap_alloc_aligned(npages, align_pages, KP_SPAN_LARGE);
+    if (!s) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    s->requested = size;
+    atomic_fetch_add_explicit(&large_bytes, npages * KP_PAGE_SIZE, memory_order_relaxed);
+    atomic_fetch_add_explicit(&large_requested, size, memory_order_relaxed);
+    atomic_fetch_add_explicit(&large_allocs, 1, memory_order_relaxed);
+    return (void *)(s->start << KP_PAGE_SHIFT);
+}
+
+void _kp_large_free(kp_span *s) {
+    atomic_fetch_sub_explicit(&large_bytes, s->npages * KP_PAGE_SIZE, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&large_requested, s->requested, memory_order_relaxed);
+    atomic_fetch_add_explicit(&large_frees, 1, memory_order_relaxed);
+    _kp_pageheap_free(s);
+}
+
+/* Free a pointer whose page is not a small span: large, pool, arena, or not
+ * kpool's at all. Validated under the page heap lock. */
+static void free_other(void *p, const char *call) {
+    _kp_init();
+    kp_lock *lk = _kp_pageheap_lock();
+    _kp_lock(lk);
+    kp_span *s = _kp_span_of(p);
+    const char *what = NULL;
+    if (!s) what = "pointer was not allocated by kpool, or was already freed";
+    else if (s->state == KP_SPAN_POOL) what = "pointer belongs to a kp_pool: free it with kp_pool_free";
+    else if (s->state == KP_SPAN_ARENA) what = "pointer belongs to a kp_arena: arenas free their blocks at kp_arena_reset";
+    else if (s->state != KP_SPAN_LARGE) what = "pointer is not a live kpool block";
+    else if ((uintptr_t)p != (s->start << KP_PAGE_SHIFT)) what = "pointer is inside a block, not its start";
+    _kp_unlock(lk);
+    if (what) {
+        _kp_error(call, p, what);
+        return;
+    }
+    _kp_large_free(s);
+}
+
+/* ---- public API ---------------------------------------------------------------------- */
+
+void *kp_malloc(size_t size) {
+    if (KP_LIKELY(size <= KP_SMALL_MAX)) return small_alloc(_kp_size_class(size), size);
+    return large_alloc(size, KP_PAGE_SIZE);
+}
+
+void *kp_calloc(size_t count, size_t size) {
+    size_t total;
+    if (__builtin_mul_overflow(count, size, &total)) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    void *p = kp_malloc(total);
+    if (p) memset(p, 0, total);
+    return p;
+}
+
+static inline int small_class_ok(unsigned cls) { return cls - 1u < KP_NUM_CLASSES - 1u; }
+
+void kp_free(void *p) {
+    unsigned cls = _kp_pagemap_class(p);
+    if (KP_LIKELY(small_class_ok(cls))) {
+        small_free(p, cls, UNKNOWN_SIZE, "kp_free");
+        return;
+    }
+    if (p) free_other(p, "kp_free");
+}
+
+void kp_free_sized(void *p, size_t size) {
+    /* The class byte is read anyway: it costs one load and makes a wrong
+     * size (or a block from kp_aligned_alloc) harmless. */
+    unsigned cls = _kp_pagemap_class(p);
+    if (KP_LIKELY(small_class_ok(cls))) {
+        if (KP_UNLIKELY(size > _kp_classes[cls].size)) {
+            _kp_error("kp_free_sized", p, "size is larger than the block");
+            return;
+        }
+        small_free(p, cls, size, "kp_free_sized");
+        return;
+    }
+    if (p) free_other(p, "kp_free_sized");
+}
+
+size_t kp_usable_size(const void *p) {
+    unsigned cls = _kp_pagemap_class(p);
+    if (small_class_ok(cls)) return _kp_classes[cls].size;
+    if (!p) return 0;
+    _kp_init();
+    size_t n = 0;
+    _kp_lock(_kp_pageheap_lock());
+    kp_span *s = _kp_span_of(p);
+    if (s && s->state == KP_SPAN_LARGE) n = (s->start + s->npages) * KP_PAGE_SIZE - (uintptr_t)p;
+    else if (s && s->state == KP_SPAN_POOL) n = s->requested;
+    _kp_unlock(_kp_pageheap_lock());
+    return n;
+}
+
+int kp_owns(const void *p) {
+    unsigned cls = _kp_pagemap_class(p);
+    if (cls != 0) return 1;
+    if (!p) return 0;
+    _kp_init();
+    _kp_lock(_kp_pageheap_lock());
+    kp_span *s = _kp_span_of(p);
+    int owned = s && (s->state == KP_SPAN_LARGE || s->state == KP_SPAN_ARENA || s->state == KP_SPAN_POOL);
+    _kp_unlock(_kp_pageheap_lock());
+    return owned;
+}
+
+void *kp_realloc(void *p, size_t size) {
+    if (!p) return kp_malloc(size);
+    if (size == 0) {
+        void *fresh = kp_malloc(0);
+        if (!fresh) return NULL;
+        kp_free(p);
+        return fresh;
+    }
+    size_t usable = kp_usable_size(p);
+    if (usable == 0) {
+        _kp_error("kp_realloc", p, "pointer was not allocated by kpool, or was already freed");
+        errno = EINVAL;
+        return NULL;
+    }
+    unsigned cls = _kp_pagemap_class(p);
+    if (size <= usable) {
+        /* Keep the block unless it would waste more than half of it. */
+        if (small_class_ok(cls) ? (size > usable / 2 || cls == 1) : size > usable / 2) return p;
+    }
+    void *q = kp_malloc(size);
+    if (!q) return NULL;
+    memcpy(q, p, size < usable ? size : usable);
+    kp_free(p);
+    return q;
+}
+
+void *kp_aligned_alloc(size_t alignment, size_t size) {
+    if (!_kp_is_pow2(alignment)) {
+        errno = EINVAL;
+        return NULL;
+    }
+    if (alignment <= KP_MIN_ALIGN) return kp_malloc(size);
+    if (size <= KP_SMALL_MAX && alignment <= KP_PAGE_SIZE) {
+        /* A class whose size is a multiple of the alignment: its objects
+         * sit at multiples of their size from a page-aligned span start. */
+        size_t want = _kp_align_up(size ? size : 1, alignment);
+        if (want <= KP_SMALL_MAX) {
+            unsigned cls = _kp_size_class(want);
+            while (cls < KP_NUM_CLASSES && _kp_classes[cls].size % alignment) cls++;
+            if (cls < KP_NUM_CLASSES) return small_alloc(cls, size);
+        }
+    }
+    if (alignment > ((size_t)1 << (KP_ADDRESS_BITS - 2))) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    return large_alloc(size ? size : 1, alignment);
+}
+
+void kp_thread_flush(void) {
+    kp_tcache *tc = _kp_tls_tcache;
+    if (tc) _kp_tcache_flush_thread(tc);
+}
+
+size_t kp_trim(void) {
+    _kp_init();
+    kp_thread_flush();
+    return _kp_pageheap_trim();
+}

@@ -1,0 +1,96 @@
+/* init.c: process-wide setup, fork handling and the error handler.
+ *
+ * Job: build the tables once (pthread_once), register the fork handlers and
+ * the KPOOL_STATS=1 exit report, and route detected misuse to one handler.
+ * fork(): the prepare handler takes every lock in the documented order
+ * (kp_internal.h), so the child starts with consistent lists; the child
+ * re-initialises the locks and gives back the caches of the threads that do
+ * not exist in it, so it can allocate and free at once.
+ * Calls: every layer's init; tcache and pool for fork.
+ * Locks: all of them, only in the fork handlers.
+ */
+#include "kp_internal.h"
+
+#include <stdlib.h>
+
+_Atomic int _kp_initialized;
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+
+void _kp_lock_init(kp_lock *l) {
+    pthread_mutex_init(&l->mutex, NULL);
+}
+
+/* ---- fork ----------------------------------------------------------------- */
+
+static void fork_prepare(void) {
+    _kp_pools_lock_all();
+    _kp_registry_lock();
+    for (unsigned c = 0; c < KP_NUM_CLASSES; c++) _kp_lock(&_kp_central(c)->lock);
+    _kp_lock(_kp_pageheap_lock());
+    _kp_lock(_kp_meta_lock());
+}
+
+static void fork_parent(void) {
+    _kp_unlock(_kp_meta_lock());
+    _kp_unlock(_kp_pageheap_lock());
+    for (unsigned c = KP_NUM_CLASSES; c-- > 0;) _kp_unlock(&_kp_central(c)->lock);
+    _kp_registry_unlock();
+    _kp_pools_unlock_all();
+}
+
+static void fork_child(void) {
+    _kp_lock_init(_kp_meta_lock());
+    _kp_lock_init(_kp_pageheap_lock());
+    for (unsigned c = 0; c < KP_NUM_CLASSES; c++) _kp_lock_init(&_kp_central(c)->lock);
+    _kp_lock_init(_kp_registry_lock_ptr());
+    _kp_pools_reinit_locks();
+    _kp_tcache_after_fork_child();
+}
+
+/* ---- init ------------------------------------------------------------------- */
+
+KP_INTERNAL void _kp_pool_thread_flush(kp_tcache *tc);
+
+static void init_once_body(void) {
+    _kp_sizeclass_init();
+    _kp_central_init();
+    _kp_pageheap_init();
+    _kp_tcache_pool_hook = _kp_pool_thread_flush;
+    pthread_atfork(fork_prepare, fork_parent, fork_child);
+    const char *show = getenv("KPOOL_STATS");
+    if (show && *show && *show != '0') atexit(_kp_stats_print_at_exit);
+    atomic_store(&_kp_initialized, 1);
+}
+
+void _kp_init(void) {
+    if (KP_LIKELY(atomic_load_explicit(&_kp_initialized, memory_order_acquire))) return;
+    pthread_once(&init_once, init_once_body);
+}
+
+__attribute__((constructor)) static void kp_constructor(void) { _kp_init(); }
+
+/* ---- errors ------------------------------------------------------------------- */
+
+static void default_handler(const char *call, const void *ptr, const char *what) {
+    fprintf(stderr, "kpool: %s(%p): %s\n", call, ptr, what);
+    fflush(stderr);
+    abort();
+}
+
+static _Atomic(kp_error_handler) error_handler = default_handler;
+
+kp_error_handler kp_set_error_handler(kp_error_handler h) {
+    kp_error_handler prev = atomic_exchange(&error_handler, h ? h : default_handler);
+    return prev == default_handler ? NULL : prev;
+}
+
+void _kp_error(const char *call, const void *ptr, const char *what) {
+    atomic_load(&error_handler)(call, ptr, what);
+}
+
+void _kp_assert_fail(const char *cond, const char *file, int line) {
+    fprintf(stderr, "kpool: assertion failed: %s (%s:%d)\n", cond, file, line);
+    abort();
+}
+
+const char *kp_version(void) { return KPOOL_VERSION_STRING; }

@@ -1,0 +1,209 @@
+/* kp_internal.h: prototypes shared between kpool's layers, grouped by the
+ * file that defines them, and the small inline helpers every layer uses.
+ *
+ * LOCK ORDER (a thread holding one lock may only take locks further down):
+ *   1. pool registry lock       (pool.c: slot table of live pools)
+ *   2. a pool's lock            (pool.c: its chunks and bounded free list)
+ *   3. thread registry lock     (tcache.c: the list of thread caches)
+ *   4. a central class lock     (central.c: one per size class)
+ *   5. the page heap lock       (pageheap.c; pagemap writes happen under it)
+ *   6. the metadata lock        (os.c: span and cache structs)
+ * The thread cache fast path takes no lock at all. fork() takes every lock
+ * in this order in the prepare handler (init.c).
+ */
+#ifndef KP_INTERNAL_H
+#define KP_INTERNAL_H
+
+#include <errno.h>
+#include <string.h>
+#include <time.h>
+
+#include "kp_types.h"
+
+/* ---- relaxed counters ---------------------------------------------------
+ * Only one thread writes each counter (its owner, or the holder of a lock),
+ * so a relaxed load + store is a correct increment and costs a plain move. */
+#define KP_LOAD(x) atomic_load_explicit(&(x), memory_order_relaxed)
+#define KP_STORE(x, v) atomic_store_explicit(&(x), (v), memory_order_relaxed)
+#define KP_BUMP(x, d) KP_STORE(x, KP_LOAD(x) + (d))
+#if KP_STATS
+#define KP_STAT_BUMP(x, d) KP_BUMP(x, d)
+#else
+#define KP_STAT_BUMP(x, d) ((void)0)
+#endif
+
+#if KP_DEBUG
+#define kp_assert(c) ((c) ? (void)0 : _kp_assert_fail(#c, __FILE__, __LINE__))
+#else
+#define kp_assert(c) ((void)0)
+#endif
+#if KP_DEBUG >= 2
+#define kp_assert_expensive(c) kp_assert(c)
+#else
+#define kp_assert_expensive(c) ((void)0)
+#endif
+
+static inline uint64_t _kp_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static inline uint64_t _kp_now_coarse_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static inline int _kp_is_pow2(size_t x) { return x != 0 && (x & (x - 1)) == 0; }
+static inline size_t _kp_align_up(size_t x, size_t a) { return (x + a - 1) & ~(a - 1); }
+
+/* ---- locks (init.c) ----------------------------------------------------- */
+KP_INTERNAL void _kp_lock_init(kp_lock *l);
+/* Take l: try first; only a failed try is counted and timed as a wait. */
+static inline void _kp_lock(kp_lock *l) {
+    if (KP_UNLIKELY(pthread_mutex_trylock(&l->mutex) != 0)) {
+        uint64_t t0 = _kp_now_ns();
+        pthread_mutex_lock(&l->mutex);
+        KP_BUMP(l->contended, 1);
+        KP_BUMP(l->wait_ns, _kp_now_ns() - t0);
+    }
+    KP_BUMP(l->acquires, 1);
+}
+static inline void _kp_unlock(kp_lock *l) { pthread_mutex_unlock(&l->mutex); }
+
+/* ---- init.c: process setup, fork, errors -------------------------------- */
+KP_INTERNAL void _kp_init(void);                   /* idempotent, thread-safe */
+KP_INTERNAL extern _Atomic int _kp_initialized;
+KP_INTERNAL void _kp_error(const char *call, const void *ptr, const char *what);
+KP_INTERNAL _Noreturn void _kp_assert_fail(const char *cond, const char *file, int line);
+
+/* ---- os.c: pages from the OS, metadata ---------------------------------- */
+KP_INTERNAL size_t _kp_os_page_size(void);
+/* Map size bytes aligned to align (a power of two >= OS page); NULL + ENOMEM. */
+KP_INTERNAL void *_kp_os_map(size_t size, size_t align);
+KP_INTERNAL void _kp_os_unmap(void *p, size_t size);
+/* Give pages back; they read as zero afterwards. 0 on success. */
+KP_INTERNAL int _kp_os_release(void *p, size_t size);
+KP_INTERNAL void _kp_os_hint_huge(void *p, size_t size);
+/* Fixed-size metadata structs, zeroed; never unmapped. NULL + ENOMEM. */
+KP_INTERNAL void *_kp_meta_alloc(size_t size);
+KP_INTERNAL void _kp_meta_free(void *p, size_t size);
+KP_INTERNAL size_t _kp_meta_bytes(void);
+KP_INTERNAL kp_lock *_kp_meta_lock(void);
+/* Test hook: make the next n maps fail (ENOMEM). */
+KP_INTERNAL void _kp_os_fail_next(int n);
+
+/* ---- pagemap.c ------------------------------------------------------------ */
+/* Lock-free: the span covering page pn, or NULL. */
+static inline kp_span *_kp_pagemap_get(uintptr_t pn);
+/* Lock-free: the size class of the small span covering address p, 0 if none. */
+static inline unsigned _kp_pagemap_class(const void *p);
+/* REQUIRES page heap lock. 0 on success, -1 when a leaf cannot be mapped. */
+KP_INTERNAL int _kp_pagemap_ensure(uintptr_t pn, size_t npages);
+KP_INTERNAL void _kp_pagemap_set(uintptr_t pn, kp_span *s);
+KP_INTERNAL void _kp_pagemap_set_range(uintptr_t pn, size_t npages, kp_span *s);
+KP_INTERNAL void _kp_pagemap_set_class(uintptr_t pn, size_t npages, unsigned cls);
+/* The in-use span that contains p (validated against stale entries), or NULL. */
+KP_INTERNAL kp_span *_kp_span_of(const void *p);
+
+/* ---- pageheap.c ------------------------------------------------------------ */
+KP_INTERNAL void _kp_pageheap_init(void);
+KP_INTERNAL kp_lock *_kp_pageheap_lock(void);
+/* A span of npages pages in state `state`, every page in the pagemap; NULL + ENOMEM. */
+KP_INTERNAL kp_span *_kp_pageheap_alloc(size_t npages, kp_span_state state);
+/* Same, its first page aligned to align_pages pages (a power of two). */
+KP_INTERNAL kp_span *_kp_pageheap_alloc_aligned(size_t npages, size_t align_pages, kp_span_state state);
+KP_INTERNAL void _kp_pageheap_free(kp_span *s);
+/* Release every free span's pages to the OS; bytes released. */
+KP_INTERNAL size_t _kp_pageheap_trim(void);
+/* Run the time-based decay if the lock is free (never waits). */
+KP_INTERNAL void _kp_pageheap_tick(void);
+typedef struct kp_pageheap_figures {
+    size_t mapped, released, free_bytes, largest_free, spans_free;
+    size_t state_bytes[KP_SPAN_ARENA + 1];   /* bytes of in-use spans by state */
+    uint64_t grows, os_releases, large_allocs;
+} kp_pageheap_figures;
+KP_INTERNAL void _kp_pageheap_figures(kp_pageheap_figures *out);
+/* Test hooks: check the free lists and coalescing invariants; 1 if valid. */
+KP_INTERNAL int _kp_pageheap_is_valid(void);
+
+/* ---- sizeclass.c ----------------------------------------------------------- */
+KP_INTERNAL extern kp_class_info _kp_classes[KP_NUM_CLASSES];
+KP_INTERNAL extern uint8_t _kp_class_fine[KP_FINE_MAX / KP_FINE_STEP + 1];
+KP_INTERNAL extern uint8_t _kp_class_coarse[KP_SMALL_MAX / KP_COARSE_STEP + 1];
+KP_INTERNAL void _kp_sizeclass_init(void);
+/* The class for a request of size bytes (size <= KP_SMALL_MAX). */
+static inline unsigned _kp_size_class(size_t size) {
+    if (KP_LIKELY(size <= KP_FINE_MAX)) return _kp_class_fine[(size + KP_FINE_STEP - 1) / KP_FINE_STEP];
+    return _kp_class_coarse[(size + KP_COARSE_STEP - 1) / KP_COARSE_STEP];
+}
+KP_INTERNAL int _kp_sizeclass_is_valid(void);
+
+/* ---- central.c --------------------------------------------------------------- */
+KP_INTERNAL void _kp_central_init(void);
+KP_INTERNAL kp_central *_kp_central(unsigned cls);
+/* Up to n objects of cls linked through their first word; returns the count
+ * (0 + ENOMEM when no span could be had). *head gets the list, *tail its last. */
+KP_INTERNAL unsigned _kp_central_fetch(unsigned cls, unsigned n, void **head, void **tail);
+/* Give back a NULL-terminated list of n objects of class cls. */
+KP_INTERNAL void _kp_central_return(unsigned cls, void *head, unsigned n);
+KP_INTERNAL int _kp_central_is_valid(unsigned cls);
+
+/* ---- tcache.c ---------------------------------------------------------------- */
+KP_INTERNAL extern __thread kp_tcache *_kp_tls_tcache __attribute__((tls_model("initial-exec")));
+/* This thread's cache, created on first use; NULL while the thread exits. */
+KP_INTERNAL kp_tcache *_kp_tcache_get(void);
+KP_INTERNAL void *_kp_tcache_refill(kp_tcache *tc, unsigned cls);   /* one object or NULL */
+KP_INTERNAL void _kp_tcache_overflow(kp_tcache *tc, unsigned cls);  /* list too long */
+KP_INTERNAL void _kp_tcache_flush_all(kp_tcache *tc);          /* size-class lists */
+KP_INTERNAL void _kp_tcache_flush_thread(kp_tcache *tc);       /* lists and pool caches */
+/* Count an allocation or free by a thread that has no cache. */
+KP_INTERNAL void _kp_tcache_count_uncached(unsigned cls, int is_alloc, size_t requested);
+/* Set by pool.c: gives a thread's pool caches back (flush, thread exit). */
+KP_INTERNAL extern void (*_kp_tcache_pool_hook)(kp_tcache *tc);
+/* Counters of exited threads. REQUIRES registry lock to read. */
+KP_INTERNAL const kp_tcache *_kp_tcache_retired(void);
+KP_INTERNAL kp_tcache *_kp_registry_next(kp_tcache *tc);  /* REQUIRES registry lock */
+KP_INTERNAL void _kp_registry_lock(void);
+KP_INTERNAL void _kp_registry_unlock(void);
+KP_INTERNAL kp_lock *_kp_registry_lock_ptr(void);
+KP_INTERNAL kp_tcache *_kp_registry_first(void);   /* REQUIRES registry lock */
+/* Called in the child after fork: drop the caches of threads that are gone. */
+KP_INTERNAL void _kp_tcache_after_fork_child(void);
+
+/* ---- heap.c ------------------------------------------------------------------ */
+KP_INTERNAL void _kp_large_free(kp_span *s);
+KP_INTERNAL void _kp_heap_large_figures(size_t *bytes, size_t *requested, uint64_t *allocs, uint64_t *frees);
+
+/* ---- pool.c ------------------------------------------------------------------ */
+KP_INTERNAL void _kp_pools_lock_all(void);
+KP_INTERNAL void _kp_pools_unlock_all(void);
+KP_INTERNAL void _kp_pools_reinit_locks(void);
+
+/* ---- stats.c ----------------------------------------------------------------- */
+KP_INTERNAL void _kp_stats_print_at_exit(void);
+
+/* ---- pagemap inline bodies ---------------------------------------------------- */
+typedef struct kp_pagemap_leaf {
+    _Atomic(kp_span *) spans[KP_LEAF_PAGES];
+    _Atomic uint8_t classes[KP_LEAF_PAGES];
+} kp_pagemap_leaf;
+KP_INTERNAL extern _Atomic(kp_pagemap_leaf *) _kp_pagemap_root[(size_t)1 << KP_ROOT_BITS];
+
+static inline kp_span *_kp_pagemap_get(uintptr_t pn) {
+    if (KP_UNLIKELY(pn >> KP_PAGEMAP_BITS)) return NULL;
+    kp_pagemap_leaf *leaf = atomic_load_explicit(&_kp_pagemap_root[pn >> KP_LEAF_BITS], memory_order_acquire);
+    if (KP_UNLIKELY(leaf == NULL)) return NULL;
+    return atomic_load_explicit(&leaf->spans[pn & (KP_LEAF_PAGES - 1)], memory_order_acquire);
+}
+
+static inline unsigned _kp_pagemap_class(const void *p) {
+    uintptr_t pn = (uintptr_t)p >> KP_PAGE_SHIFT;
+    if (KP_UNLIKELY(pn >> KP_PAGEMAP_BITS)) return 0;
+    kp_pagemap_leaf *leaf = atomic_load_explicit(&_kp_pagemap_root[pn >> KP_LEAF_BITS], memory_order_acquire);
+    if (KP_UNLIKELY(leaf == NULL)) return 0;
+    return atomic_load_explicit(&leaf->classes[pn & (KP_LEAF_PAGES - 1)], memory_order_relaxed);
+}
+
+#endif /* KP_INTERNAL_H */

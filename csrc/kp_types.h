@@ -1,0 +1,181 @@
+/* kp_types.h: every internal struct and tuning constant of kpool, with the
+ * rules they obey. Included by every layer; never installed.
+ *
+ *   kp_malloc/kp_free ─► tcache (per thread, no locks)
+ *                          │ batches
+ *                          ▼
+ *                        central (one lock per size class)
+ *                          │ spans
+ *                          ▼
+ *   pool, arena ───────► pageheap (one lock) ─► pagemap (lock-free reads)
+ *                          │
+ *                          ▼
+ *                        os (mmap, madvise)
+ */
+#ifndef KP_TYPES_H
+#define KP_TYPES_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stddef.h>
+
+#include "kpool.h"
+
+/* ---- build-time knobs -------------------------------------------------- */
+#ifndef KP_DEBUG
+#define KP_DEBUG 0          /* 1: cheap asserts and exact double-free checks; 2: expensive checks */
+#endif
+#ifndef KP_STATS
+#define KP_STATS 1          /* 0 compiles the per-thread event counters out */
+#endif
+
+#define KP_LIKELY(x) __builtin_expect(!!(x), 1)
+#define KP_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#define KP_INTERNAL __attribute__((visibility("hidden")))
+#define KP_CACHELINE 64
+
+/* ---- pages and classes -------------------------------------------------- */
+#define KP_PAGE_SHIFT 13                       /* kpool pages are 8 KiB */
+#define KP_PAGE_SIZE ((size_t)1 << KP_PAGE_SHIFT)
+#define KP_SMALL_MAX ((size_t)256 << 10)       /* larger requests get spans of their own */
+#define KP_FINE_MAX 1024                       /* 16-byte steps up to here */
+#define KP_FINE_STEP 16
+#define KP_COARSE_STEP 128                     /* lookup granularity above KP_FINE_MAX */
+#define KP_NUM_CLASSES 129                     /* class 0 is "not a small class" */
+#define KP_MIN_ALIGN 16
+#define KP_CLASS_POOL 255                      /* pagemap class byte of a pool chunk's pages */
+
+_Static_assert(KP_NUM_CLASSES <= KP_STATS_MAX_CLASSES, "the stats struct holds every class");
+_Static_assert(KP_NUM_CLASSES <= 256, "a class index fits in the pagemap's byte");
+_Static_assert(KP_FINE_MAX % KP_FINE_STEP == 0, "fine classes end on a step");
+_Static_assert(KP_SMALL_MAX % KP_COARSE_STEP == 0, "coarse lookup covers the small limit");
+
+/* ---- address space and pagemap ----------------------------------------- */
+#define KP_ADDRESS_BITS 48
+#define KP_PAGEMAP_BITS (KP_ADDRESS_BITS - KP_PAGE_SHIFT)   /* 35 bits of page number */
+#define KP_LEAF_BITS 18
+#define KP_ROOT_BITS (KP_PAGEMAP_BITS - KP_LEAF_BITS)
+#define KP_LEAF_PAGES ((size_t)1 << KP_LEAF_BITS)
+
+/* ---- page heap ----------------------------------------------------------- */
+#define KP_EXACT_LISTS 128                     /* free lists for spans of 1..128 pages */
+#define KP_GROW_MIN ((size_t)2 << 20)          /* map at least this much at a time */
+#define KP_GROW_MAX ((size_t)64 << 20)
+#define KP_RETAIN_BYTES ((size_t)16 << 20)     /* free, unreleased bytes kept before release */
+#define KP_DECAY_MS 1000                       /* free spans older than this go back to the OS */
+#define KP_DECAY_CHECK_MS 50                   /* how often the page heap looks at the clock */
+
+/* ---- thread cache -------------------------------------------------------- */
+#define KP_TCACHE_MAX_BYTES ((size_t)2 << 20)  /* over it, the largest list is trimmed */
+#define KP_BATCH_MAX 32
+#define KP_POOL_SLOTS 64                       /* pools with a per-thread cache at once */
+
+/* ---- locks ----------------------------------------------------------------
+ * A mutex that counts acquisitions, contention (the try-lock failed) and the
+ * time spent waiting (timed only when contended). The counters are written
+ * only while the lock is held and read with relaxed loads.                */
+typedef struct kp_lock {
+    pthread_mutex_t mutex;
+    _Atomic uint64_t acquires;
+    _Atomic uint64_t contended;
+    _Atomic uint64_t wait_ns;
+} kp_lock;
+
+/* ---- spans --------------------------------------------------------------- */
+typedef enum kp_span_state {
+    KP_SPAN_DEAD = 0,     /* struct on the metadata free list */
+    KP_SPAN_FREE,         /* in the page heap's free lists */
+    KP_SPAN_SMALL,        /* carved into objects of one size class */
+    KP_SPAN_LARGE,        /* one large block */
+    KP_SPAN_POOL,         /* a chunk of a kp_pool */
+    KP_SPAN_ARENA         /* a chunk of a kp_arena */
+} kp_span_state;
+
+/* A run of pages. Invariants:
+ *   FREE:  pagemap maps its first and last page to it; it is in exactly one
+ *          page-heap size list and, if !released, in the age list.
+ *   in use: pagemap maps every page to it.
+ *   SMALL: allocated + |freelist| + (capacity - carved) == capacity, and
+ *          allocated counts objects in thread caches and in users' hands;
+ *          it is in its central list's `partial` list iff it has a free
+ *          object (freelist or uncarved). */
+typedef struct kp_span {
+    uintptr_t start;              /* first page number */
+    size_t npages;
+    struct kp_span *next, *prev;  /* size list (FREE) or central partial list (SMALL) */
+    struct kp_span *age_next, *age_prev; /* FREE && !released: oldest first */
+    void *freelist;               /* SMALL: objects given back */
+    void *owner;                  /* POOL: the kp_pool; ARENA: the kp_arena */
+    size_t requested;             /* LARGE: bytes requested */
+    uint64_t free_since_ms;       /* FREE: when it became free */
+    uint32_t allocated;           /* SMALL: objects out of the span */
+    uint32_t carved;              /* SMALL: objects carved so far (bump) */
+    uint32_t capacity;            /* SMALL: objects the span holds */
+    uint8_t sizeclass;            /* SMALL: its class */
+    uint8_t state;                /* kp_span_state */
+    uint8_t released;             /* FREE: pages given back to the OS */
+    uint8_t on_list;              /* SMALL: in the central partial list */
+#if KP_DEBUG
+    _Atomic uint64_t live_bits[8]; /* SMALL: one bit per object handed to a user */
+#endif
+} kp_span;
+
+/* ---- size classes -------------------------------------------------------- */
+typedef struct kp_class_info {
+    uint32_t size;        /* block size */
+    uint32_t npages;      /* pages per span */
+    uint32_t objects;     /* objects per span */
+    uint32_t batch;       /* objects moved per tcache refill or flush */
+    uint32_t tcache_max;  /* longest thread list before a flush */
+    uint64_t recip;       /* ceil(2^32 / size): offset -> index without division */
+} kp_class_info;
+
+/* ---- central free lists -------------------------------------------------- */
+typedef struct kp_central {
+    kp_lock lock;
+    kp_span partial;                /* sentinel: spans with a free object */
+    _Atomic size_t free_objects;    /* objects on span freelists + uncarved (written under lock) */
+    _Atomic size_t spans;           /* spans held (written under lock) */
+} __attribute__((aligned(KP_CACHELINE))) kp_central;
+
+/* ---- thread cache ---------------------------------------------------------
+ * Owned by one thread. head/count are its LIFO list; count and the counters
+ * are atomics only so that stats readers in other threads do not race: the
+ * owner updates them with relaxed load + store (plain moves on x86).      */
+typedef struct kp_tlist {
+    void *head;
+    _Atomic uint32_t count;
+    uint32_t max;
+    _Atomic uint64_t allocs;
+    _Atomic uint64_t frees;
+} kp_tlist;
+
+typedef struct kp_pool_cache {      /* a thread's cache of one unbounded pool */
+    _Atomic uint64_t pool_id;       /* 0: unused; else the pool it caches */
+    void *head;
+    _Atomic uint32_t count;
+    _Atomic uint64_t allocs;
+    _Atomic uint64_t frees;
+    _Atomic uint64_t hits;
+} kp_pool_cache;
+
+typedef struct kp_thread_counters {  /* per thread; summed on read */
+    _Atomic uint64_t tcache_misses;
+    _Atomic uint64_t central_fetches;
+    _Atomic uint64_t central_returns;
+    _Atomic uint64_t requested_alloc;   /* bytes requested by allocations */
+    _Atomic uint64_t requested_free;    /* bytes requested, as told at free */
+    _Atomic uint64_t unsized_frees;     /* frees whose request size was not told */
+} kp_thread_counters;
+
+typedef struct kp_tcache {
+    kp_tlist lists[KP_NUM_CLASSES];
+    size_t bytes;                   /* free bytes held in lists */
+    kp_thread_counters counters;
+    struct kp_tcache *reg_next, *reg_prev; /* registry, under the registry lock */
+    pthread_t thread;
+    kp_pool_cache pools[KP_POOL_SLOTS];
+} kp_tcache;
+
+#endif /* KP_TYPES_H */

@@ -1,0 +1,434 @@
+/* pageheap.c: spans of pages.
+ *
+ * Job: carve spans out of memory mapped from the OS, take them back,
+ * coalesce a freed span with its free neighbours, serve large requests as
+ * spans directly, and give idle pages back to the OS: at once when more than
+ * KP_RETAIN_BYTES sit free and unreleased (oldest first, down to half of
+ * that), after KP_DECAY_MS of idleness, and on kp_trim.
+ * Calls: pagemap (set entries), os (map, release), metadata (span structs).
+ * Free lists: for 1..128 pages one list per size, one list above; each kind
+ * twice, for spans with resident pages ("normal") and released ones; a
+ * bitmap of non-empty exact lists finds the first fit in O(1). Normal spans
+ * are also on an age list, oldest first, for the decay.
+ * Invariants (_kp_pageheap_is_valid): no two adjacent free spans of the same
+ *   released state; free_bytes == pages of normal free spans; every free
+ *   span is on the list its size and state say.
+ * Locks: the page heap lock. It may be taken while holding a central class
+ *   lock or a pool lock, never the reverse; under it only the metadata lock
+ *   is taken.
+ */
+#include "kp_internal.h"
+
+typedef struct span_lists {
+    kp_span exact[KP_EXACT_LISTS + 1];   /* sentinels; [0] unused */
+    kp_span large;                       /* more than KP_EXACT_LISTS pages */
+    uint64_t bitmap[(KP_EXACT_LISTS + 64) / 64];
+} span_lists;
+
+static struct {
+    kp_lock lock;
+    span_lists normal, released;
+    kp_span age;                   /* sentinel: normal free spans, oldest first */
+    size_t mapped_bytes;
+    size_t free_bytes;             /* normal free spans */
+    size_t released_bytes;
+    uint64_t grows, os_releases, large_allocs;
+    uint64_t last_decay_ms;
+    size_t state_bytes[KP_SPAN_ARENA + 1];
+} ph;
+
+/* Figures read without the lock by stats. */
+static _Atomic size_t ph_mapped, ph_released, ph_free;
+
+kp_lock *_kp_pageheap_lock(void) { return &ph.lock; }
+
+static void list_init(kp_span *sentinel) { sentinel->next = sentinel->prev = sentinel; }
+static int list_empty(const kp_span *sentinel) { return sentinel->next == sentinel; }
+static void list_push(kp_span *sentinel, kp_span *s) {
+    s->next = sentinel->next;
+    s->prev = sentinel;
+    sentinel->next->prev = s;
+    sentinel->next = s;
+}
+static void list_remove(kp_span *s) {
+    s->prev->next = s->next;
+    s->next->prev = s->prev;
+    s->next = s->prev = NULL;
+}
+static void age_push_tail(kp_span *s) {
+    s->age_prev = ph.age.age_prev;
+    s->age_next = &ph.age;
+    ph.age.age_prev->age_next = s;
+    ph.age.age_prev = s;
+}
+static void age_remove(kp_span *s) {
+    s->age_prev->age_next = s->age_next;
+    s->age_next->age_prev = s->age_prev;
+    s->age_next = s->age_prev = NULL;
+}
+
+static void publish_figures(void) {
+    atomic_store_explicit(&ph_mapped, ph.mapped_bytes, memory_order_relaxed);
+    atomic_store_explicit(&ph_released, ph.released_bytes, memory_order_relaxed);
+    atomic_store_explicit(&ph_free, ph.free_bytes, memory_order_relaxed);
+}
+
+void _kp_pageheap_init(void) {
+    _kp_lock_init(&ph.lock);
+    span_lists *kinds[2] = { &ph.normal, &ph.released };
+    for (int k = 0; k < 2; k++) {
+        for (int i = 0; i <= KP_EXACT_LISTS; i++) list_init(&kinds[k]->exact[i]);
+        list_init(&kinds[k]->large);
+    }
+    ph.age.age_next = ph.age.age_prev = &ph.age;
+}
+
+/* ---- free-list membership ------------------------------------------------ */
+
+/* Put a FREE span on its lists and map its boundary pages. REQUIRES lock. */
+static void insert_free(kp_span *s) {
+    span_lists *L = s->released ? &ph.released : &ph.normal;
+    if (s->npages <= KP_EXACT_LISTS) {
+        list_push(&L->exact[s->npages], s);
+        L->bitmap[s->npages / 64] |= (uint64_t)1 << (s->npages % 64);
+    } else {
+        list_push(&L->large, s);
+    }
+    if (s->released) {
+        ph.released_bytes += s->npages * KP_PAGE_SIZE;
+    } else {
+        ph.free_bytes += s->npages * KP_PAGE_SIZE;
+        age_push_tail(s);
+    }
+    _kp_pagemap_set(s->start, s);
+    _kp_pagemap_set(s->start + s->npages - 1, s);
+}
+
+static void remove_free(kp_span *s) {
+    span_lists *L = s->released ? &ph.released : &ph.normal;
+    list_remove(s);
+    if (s->npages <= KP_EXACT_LISTS && list_empty(&L->exact[s->npages]))
+        L->bitmap[s->npages / 64] &= ~((uint64_t)1 << (s->npages % 64));
+    if (s->released) {
+        ph.released_bytes -= s->npages * KP_PAGE_SIZE;
+    } else {
+        ph.free_bytes -= s->npages * KP_PAGE_SIZE;
+        age_remove(s);
+    }
+}
+
+static kp_span *new_span_struct(uintptr_t start, size_t npages) {
+    kp_span *s = _kp_meta_alloc(sizeof(kp_span));
+    if (!s) return NULL;
+    memset(s, 0, sizeof *s);
+    s->start = start;
+    s->npages = npages;
+    s->state = KP_SPAN_FREE;
+    return s;
+}
+
+static void kill_span_struct(kp_span *s) {
+    s->state = KP_SPAN_DEAD;
+    _kp_meta_free(s, sizeof(kp_span));
+}
+
+/* The neighbour free span that ends right before / starts right after s, if
+ * it has the same released state. REQUIRES lock. */
+static kp_span *free_neighbour(kp_span *s, int after) {
+    uintptr_t pn = after ? s->start + s->npages : s->start - 1;
+    if (!after && s->start == 0) return NULL;
+    kp_span *n = _kp_pagemap_get(pn);
+    if (!n || n->state != KP_SPAN_FREE || n->released != s->released) return NULL;
+    if (after ? n->start != pn : n->start + n->npages != s->start) return NULL;
+    return n;
+}
+
+/* Insert a FREE span, merged with free neighbours of the same state. */
+static void insert_coalesced(kp_span *s) {
+    kp_span *prev = free_neighbour(s, 0);
+    if (prev) {
+        remove_free(prev);
+        s->start = prev->start;
+        s->npages += prev->npages;
+        if (prev->free_since_ms < s->free_since_ms) s->free_since_ms = prev->free_since_ms;
+        kill_span_struct(prev);
+    }
+    kp_span *next = free_neighbour(s, 1);
+    if (next) {
+        remove_free(next);
+        s->npages += next->npages;
+        if (next->free_since_ms < s->free_since_ms) s->free_since_ms = next->free_since_ms;
+        kill_span_struct(next);
+    }
+    insert_free(s);
+}
+
+/* ---- finding and carving --------------------------------------------------- */
+
+static kp_span *find_in(span_lists *L, size_t npages) {
+    if (npages <= KP_EXACT_LISTS) {
+        for (size_t w = npages / 64; w < sizeof L->bitmap / sizeof L->bitmap[0]; w++) {
+            uint64_t bits = L->bitmap[w];
+            if (w == npages / 64) bits &= ~(uint64_t)0 << (npages % 64);
+            if (bits) {
+                size_t n = w * 64 + (size_t)__builtin_ctzll(bits);
+                if (n <= KP_EXACT_LISTS) return L->exact[n].next;
+            }
+        }
+    }
+    kp_span *best = NULL;   /* best fit, lowest address on ties */
+    for (kp_span *s = L->large.next; s != &L->large; s = s->next) {
+        if (s->npages < npages) continue;
+        if (!best || s->npages < best->npages || (s->npages == best->npages && s->start < best->start)) best = s;
+    }
+    return best;
+}
+
+/* Map more memory into the free lists; 0 on success. REQUIRES lock. */
+static int grow(size_t npages) {
+    size_t want = npages * KP_PAGE_SIZE;
+    size_t step = ph.mapped_bytes / 8;
+    if (step < KP_GROW_MIN) step = KP_GROW_MIN;
+    if (step > KP_GROW_MAX) step = KP_GROW_MAX;
+    if (want < step) want = step;
+    want = _kp_align_up(want, KP_PAGE_SIZE);
+    void *mem = _kp_os_map(want, KP_PAGE_SIZE);
+    if (!mem) return -1;
+    uintptr_t start = (uintptr_t)mem >> KP_PAGE_SHIFT;
+    size_t pages = want >> KP_PAGE_SHIFT;
+    if (_kp_pagemap_ensure(start, pages) != 0) {
+        _kp_os_unmap(mem, want);
+        errno = ENOMEM;
+        return -1;
+    }
+    kp_span *s = new_span_struct(start, pages);
+    if (!s) {
+        _kp_os_unmap(mem, want);
+        return -1;
+    }
+    ph.mapped_bytes += want;
+    ph.grows++;
+    /* Fresh pages are not resident: account them as released so that a
+     * span is "normal" only once its pages have been touched. */
+    s->released = 1;
+    s->free_since_ms = _kp_now_coarse_ms();
+    insert_coalesced(s);
+    return 0;
+}
+
+/* Take npages off the front of free span s (removed from its lists already)
+ * and give the rest back. */
+static void carve(kp_span *s, size_t npages) {
+    if (s->npages > npages) {
+        kp_span *rest = new_span_struct(s->start + npages, s->npages - npages);
+        if (rest) {
+            rest->released = s->released;
+            rest->free_since_ms = s->free_since_ms;
+            s->npages = npages;
+            insert_free(rest);
+        }
+        /* Without a struct for the rest, the whole span is handed out:
+         * wasteful but correct. */
+    }
+}
+
+static int release_span(kp_span *s);
+static void decay(void);
+
+static kp_span *alloc_locked(size_t npages, kp_span_state state) {
+    kp_span *s = find_in(&ph.normal, npages);
+    if (!s) s = find_in(&ph.released, npages);
+    if (!s) {
+        if (grow(npages) != 0) return NULL;
+        s = find_in(&ph.normal, npages);
+        if (!s) s = find_in(&ph.released, npages);
+        if (!s) {
+            errno = ENOMEM;
+            return NULL;
+        }
+    }
+    remove_free(s);
+    carve(s, npages);
+    s->released = 0;
+    s->state = (uint8_t)state;
+    s->next = s->prev = NULL;
+    _kp_pagemap_set_range(s->start, s->npages, s);
+    ph.state_bytes[state] += s->npages * KP_PAGE_SIZE;
+    return s;
+}
+
+kp_span *_kp_pageheap_alloc(size_t npages, kp_span_state state) {
+    if (npages == 0 || npages > ((size_t)1 << (KP_PAGEMAP_BITS - 1))) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    _kp_lock(&ph.lock);
+    kp_span *s = alloc_locked(npages, state);
+    if (s && state == KP_SPAN_LARGE) ph.large_allocs++;
+    decay();
+    publish_figures();
+    _kp_unlock(&ph.lock);
+    return s;
+}
+
+kp_span *_kp_pageheap_alloc_aligned(size_t npages, size_t align_pages, kp_span_state state) {
+    if (align_pages <= 1) return _kp_pageheap_alloc(npages, state);
+    if (npages == 0 || npages + align_pages > ((size_t)1 << (KP_PAGEMAP_BITS - 1))) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    _kp_lock(&ph.lock);
+    kp_span *s = alloc_locked(npages + align_pages - 1, state);
+    if (s) {
+        uintptr_t aligned = (s->start + align_pages - 1) & ~(uintptr_t)(align_pages - 1);
+        size_t lead = aligned - s->start;
+        size_t trail = s->npages - lead - npages;
+        kp_span *lead_span = NULL, *trail_span = NULL;
+        if (lead) lead_span = new_span_struct(s->start, lead);
+        if (trail) trail_span = new_span_struct(aligned + npages, trail);
+        if ((lead && !lead_span) || (trail && !trail_span)) {
+            if (lead_span) kill_span_struct(lead_span);
+            if (trail_span) kill_span_struct(trail_span);
+            ph.state_bytes[state] -= s->npages * KP_PAGE_SIZE;
+            s->state = KP_SPAN_FREE;
+            s->free_since_ms = _kp_now_coarse_ms();
+            insert_coalesced(s);
+            s = NULL;
+            errno = ENOMEM;
+        } else {
+            uint64_t now = _kp_now_coarse_ms();
+            ph.state_bytes[state] -= (lead + trail) * KP_PAGE_SIZE;
+            s->start = aligned;
+            s->npages = npages;
+            _kp_pagemap_set_range(s->start, s->npages, s);
+            if (lead_span) { lead_span->free_since_ms = now; insert_coalesced(lead_span); }
+            if (trail_span) { trail_span->free_since_ms = now; insert_coalesced(trail_span); }
+            if (state == KP_SPAN_LARGE) ph.large_allocs++;
+        }
+    }
+    decay();
+    publish_figures();
+    _kp_unlock(&ph.lock);
+    return s;
+}
+
+void _kp_pageheap_free(kp_span *s) {
+    _kp_lock(&ph.lock);
+    kp_assert(s->state != KP_SPAN_FREE && s->state != KP_SPAN_DEAD);
+    if (s->state == KP_SPAN_SMALL || s->state == KP_SPAN_POOL) _kp_pagemap_set_class(s->start, s->npages, 0);
+    ph.state_bytes[s->state] -= s->npages * KP_PAGE_SIZE;
+    s->state = KP_SPAN_FREE;
+    s->released = 0;
+    s->freelist = NULL;
+    s->owner = NULL;
+    s->free_since_ms = _kp_now_coarse_ms();
+    insert_coalesced(s);
+    decay();
+    publish_figures();
+    _kp_unlock(&ph.lock);
+}
+
+/* ---- giving memory back ------------------------------------------------------ */
+
+/* Release a normal free span's pages and re-file it as released, merged
+ * with released neighbours. REQUIRES lock. */
+static int release_span(kp_span *s) {
+    remove_free(s);
+    int ok = _kp_os_release((void *)(s->start << KP_PAGE_SHIFT), s->npages * KP_PAGE_SIZE) == 0;
+    if (ok) {
+        s->released = 1;
+        ph.os_releases++;
+    }
+    insert_coalesced(s);
+    return ok;
+}
+
+/* Release what has been idle too long, and whatever exceeds the retention
+ * budget (oldest first, down to half the budget). REQUIRES lock. */
+static void decay(void) {
+    if (ph.free_bytes > KP_RETAIN_BYTES) {
+        while (ph.free_bytes > KP_RETAIN_BYTES / 2 && ph.age.age_next != &ph.age)
+            if (!release_span(ph.age.age_next)) return;
+    }
+    uint64_t now = _kp_now_coarse_ms();
+    if (now - ph.last_decay_ms < KP_DECAY_CHECK_MS) return;
+    ph.last_decay_ms = now;
+    while (ph.age.age_next != &ph.age && now - ph.age.age_next->free_since_ms >= KP_DECAY_MS)
+        if (!release_span(ph.age.age_next)) return;
+}
+
+size_t _kp_pageheap_trim(void) {
+    _kp_lock(&ph.lock);
+    size_t before = ph.released_bytes;
+    while (ph.age.age_next != &ph.age)
+        if (!release_span(ph.age.age_next)) break;
+    size_t released = ph.released_bytes - before;
+    publish_figures();
+    _kp_unlock(&ph.lock);
+    return released;
+}
+
+/* Run the time-based decay now (called by paths that free memory without
+ * passing through the page heap, so idle pages still go back). */
+void _kp_pageheap_tick(void) {
+    if (atomic_load_explicit(&ph_free, memory_order_relaxed) == 0) return;
+    if (pthread_mutex_trylock(&ph.lock.mutex) != 0) return;
+    KP_BUMP(ph.lock.acquires, 1);
+    decay();
+    publish_figures();
+    _kp_unlock(&ph.lock);
+}
+
+/* ---- figures and validity ----------------------------------------------------- */
+
+void _kp_pageheap_figures(kp_pageheap_figures *out) {
+    _kp_lock(&ph.lock);
+    out->mapped = ph.mapped_bytes;
+    out->released = ph.released_bytes;
+    out->free_bytes = ph.free_bytes;
+    out->grows = ph.grows;
+    out->os_releases = ph.os_releases;
+    out->large_allocs = ph.large_allocs;
+    memcpy(out->state_bytes, ph.state_bytes, sizeof out->state_bytes);
+    size_t largest = 0, count = 0;
+    for (int i = KP_EXACT_LISTS; i >= 1; i--) {
+        for (kp_span *s = ph.normal.exact[i].next; s != &ph.normal.exact[i]; s = s->next) {
+            count++;
+            if (s->npages > largest) largest = s->npages;
+        }
+    }
+    for (kp_span *s = ph.normal.large.next; s != &ph.normal.large; s = s->next) {
+        count++;
+        if (s->npages > largest) largest = s->npages;
+    }
+    out->largest_free = largest * KP_PAGE_SIZE;
+    out->spans_free = count;
+    _kp_unlock(&ph.lock);
+}
+
+static int lists_valid(span_lists *L, int released, size_t *bytes) {
+    for (int i = 1; i <= KP_EXACT_LISTS + 1; i++) {
+        kp_span *head = i <= KP_EXACT_LISTS ? &L->exact[i] : &L->large;
+        if (i <= KP_EXACT_LISTS && !!(L->bitmap[i / 64] & ((uint64_t)1 << (i % 64))) == list_empty(head)) return 0;
+        for (kp_span *s = head->next; s != head; s = s->next) {
+            if (s->state != KP_SPAN_FREE || s->released != released) return 0;
+            if (i <= KP_EXACT_LISTS ? s->npages != (size_t)i : s->npages <= KP_EXACT_LISTS) return 0;
+            if (_kp_pagemap_get(s->start) != s || _kp_pagemap_get(s->start + s->npages - 1) != s) return 0;
+            if (free_neighbour(s, 0) || free_neighbour(s, 1)) return 0;
+            *bytes += s->npages * KP_PAGE_SIZE;
+        }
+    }
+    return 1;
+}
+
+int _kp_pageheap_is_valid(void) {
+    _kp_lock(&ph.lock);
+    size_t normal = 0, released = 0;
+    int ok = lists_valid(&ph.normal, 0, &normal) && lists_valid(&ph.released, 1, &released);
+    ok = ok && normal == ph.free_bytes && released == ph.released_bytes;
+    size_t aged = 0;
+    for (kp_span *s = ph.age.age_next; ok && s != &ph.age; s = s->age_next) aged += s->npages * KP_PAGE_SIZE;
+    ok = ok && aged == ph.free_bytes;
+    _kp_unlock(&ph.lock);
+    return ok;
+}

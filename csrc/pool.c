@@ -1,0 +1,577 @@
+/* pool.c: fixed-size block pools (kp_pool_*).
+ *
+ * Job: blocks of one size carved on demand from chunks (page-heap spans in
+ * state POOL), reused instead of returned. Two modes:
+ *  - cached (unbounded pools, while one of KP_POOL_SLOTS slots is free):
+ *    each thread keeps a LIFO cache of the pool's free blocks in its kp_tcache
+ *    (no lock, no atomic on the fast path). A cache longer than 2 batches
+ *    pushes one batch onto the pool's shared stack; an empty cache pops a
+ *    batch. The shared stack is a Treiber stack of batch descriptors (pool
+ *    metadata, never user memory) whose top word carries a 22-bit tag, so a
+ *    descriptor popped and pushed again between another thread's read and
+ *    its CAS cannot be mistaken for the old top (ABA).
+ *  - locked (bounded pools, or no slot left): one free list under the pool's
+ *    lock, so that `capacity` is exact across threads: at most capacity
+ *    blocks are live at once.
+ * Calls: pageheap (chunks), pagemap (pointer -> chunk), tcache (the caches).
+ * Invariants: blocks carved == live + free (caches + shared stack + list);
+ *   a block pointer is valid iff its page's class byte is KP_CLASS_POOL, its
+ *   chunk's owner is the pool and its offset is a multiple of block_size.
+ *   Thread caches name their pool by a never-reused id, so a cache left by a
+ *   destroyed pool is recognised and dropped, never used.
+ * Locks: the pool registry lock (the list of live pools and the slot table),
+ *   then a pool's lock (chunks, locked-mode list, counters of exited
+ *   threads), then the registry/central/page heap locks below them.
+ */
+#include "kp_internal.h"
+
+typedef struct kp_batch {
+    _Atomic uint64_t next;          /* tagged word of the next descriptor */
+    void *head;                     /* the blocks, linked through word 0 */
+    uint32_t count;
+} kp_batch;
+
+struct kp_pool {
+    uint64_t id;                    /* unique for the process's lifetime */
+    int slot;                       /* thread-cache slot, -1 in locked mode */
+    uint32_t batch;                 /* blocks per shared batch */
+    size_t block_size;              /* rounded up to align */
+    size_t align;
+    size_t capacity;                /* 0 = unbounded */
+    uint64_t mod_magic;             /* for offset % block_size without division */
+    _Atomic uint64_t top;           /* shared stack of full batches (tagged) */
+    _Atomic uint64_t spare;         /* stack of empty descriptors (tagged) */
+    kp_lock lock;
+    kp_span chunks;                 /* sentinel: the pool's chunks */
+    char *bump, *bump_end;          /* carving cursor in the newest chunk */
+    size_t next_chunk;              /* bytes of the next chunk */
+    size_t nchunks, mapped;
+    void *free_list;                /* locked mode */
+    size_t free_count, live, high_water;
+    _Atomic uint64_t allocs, frees, carved, exhausted, waits;  /* locked mode and retired caches */
+    kp_batch *descriptors;          /* every descriptor made, for destroy */
+    struct kp_pool *list_next, *list_prev;
+};
+
+static pthread_mutex_t pools_lock = PTHREAD_MUTEX_INITIALIZER;
+static kp_pool pools_list = { .list_next = &pools_list, .list_prev = &pools_list };
+static kp_pool *slots[KP_POOL_SLOTS];
+static uint64_t next_pool_id = 1;
+
+/* ---- tagged stack ------------------------------------------------------------ */
+#define TAG_SHIFT 42
+static uint64_t tag_pack(kp_batch *b, uint64_t tag) { return ((uintptr_t)b >> 6) | (tag << TAG_SHIFT); }
+static kp_batch *tag_ptr(uint64_t w) { return (kp_batch *)(uintptr_t)((w & (((uint64_t)1 << TAG_SHIFT) - 1)) << 6); }
+static uint64_t tag_of(uint64_t w) { return w >> TAG_SHIFT; }
+
+static void stack_push(_Atomic uint64_t *top, kp_batch *b) {
+    uint64_t old = atomic_load_explicit(top, memory_order_relaxed);
+    do {
+        atomic_store_explicit(&b->next, old, memory_order_relaxed);
+    } while (!atomic_compare_exchange_weak_explicit(top, &old, tag_pack(b, tag_of(old) + 1),
+                                                     memory_order_release, memory_order_relaxed));
+}
+
+static kp_batch *stack_pop(_Atomic uint64_t *top) {
+    uint64_t old = atomic_load_explicit(top, memory_order_acquire);
+    for (;;) {
+        kp_batch *b = tag_ptr(old);
+        if (!b) return NULL;
+        /* b may be popped and reused meanwhile; its `next` is still an atomic
+         * in live metadata, and the tag makes the CAS fail in that case. */
+        uint64_t next = atomic_load_explicit(&b->next, memory_order_relaxed);
+        uint64_t want = (next & (((uint64_t)1 << TAG_SHIFT) - 1)) | ((tag_of(old) + 1) << TAG_SHIFT);
+        if (atomic_compare_exchange_weak_explicit(top, &old, want, memory_order_acquire, memory_order_acquire))
+            return b;
+    }
+}
+
+/* An empty descriptor, or NULL + ENOMEM. */
+static kp_batch *descriptor_get(kp_pool *pool) {
+    kp_batch *b = stack_pop(&pool->spare);
+    if (b) return b;
+    _kp_lock(&pool->lock);
+    b = _kp_meta_alloc(sizeof(kp_batch) + sizeof(void *));
+    if (b) {
+        /* descriptors are chained for destroy through the word after the struct */
+        ((kp_batch **)(b + 1))[0] = pool->descriptors;
+        pool->descriptors = b;
+    }
+    _kp_unlock(&pool->lock);
+    return b;
+}
+
+/* ---- registry -------------------------------------------------------------------- */
+
+void _kp_pools_lock_all(void) {
+    pthread_mutex_lock(&pools_lock);
+    for (kp_pool *p = pools_list.list_next; p != &pools_list; p = p->list_next) _kp_lock(&p->lock);
+}
+
+void _kp_pools_unlock_all(void) {
+    for (kp_pool *p = pools_list.list_prev; p != &pools_list; p = p->list_prev) _kp_unlock(&p->lock);
+    pthread_mutex_unlock(&pools_lock);
+}
+
+void _kp_pools_reinit_locks(void) {
+    pthread_mutex_init(&pools_lock, NULL);
+    for (kp_pool *p = pools_list.list_next; p != &pools_list; p = p->list_next) _kp_lock_init(&p->lock);
+}
+
+/* ---- chunks and carving ------------------------------------------------------------- */
+
+/* A new block carved from the current chunk (a new chunk when it is used
+ * up), or NULL + ENOMEM. REQUIRES pool lock. */
+static void *carve(kp_pool *pool) {
+    if ((size_t)(pool->bump_end - pool->bump) < pool->block_size) {
+        size_t bytes = pool->next_chunk;
+        size_t npages = (bytes + KP_PAGE_SIZE - 1) >> KP_PAGE_SHIFT;
+        size_t align_pages = pool->align > KP_PAGE_SIZE ? pool->align >> KP_PAGE_SHIFT : 1;
+        kp_span *s = _kp_pageheap_alloc_aligned(npages, align_pages, KP_SPAN_POOL);
+        if (!s) {
+            errno = ENOMEM;
+            return NULL;
+        }
+        s->owner = pool;
+        s->requested = pool->block_size;
+        s->capacity = (uint32_t)((s->npages * KP_PAGE_SIZE) / pool->block_size);
+        s->carved = 0;
+        _kp_pagemap_set_class(s->start, s->npages, KP_CLASS_POOL);
+        s->next = pool->chunks.next;
+        s->prev = &pool->chunks;
+        pool->chunks.next->prev = s;
+        pool->chunks.next = s;
+        pool->nchunks++;
+        pool->mapped += s->npages * KP_PAGE_SIZE;
+        pool->bump = (char *)(s->start << KP_PAGE_SHIFT);
+        pool->bump_end = pool->bump + (size_t)s->capacity * pool->block_size;
+        if (pool->next_chunk < ((size_t)4 << 20)) pool->next_chunk *= 2;
+        if (pool->next_chunk < pool->block_size) pool->next_chunk = pool->block_size;
+    }
+    void *p = pool->bump;
+    pool->bump += pool->block_size;
+    kp_span *s = _kp_pagemap_get((uintptr_t)p >> KP_PAGE_SHIFT);
+    s->carved++;
+    KP_BUMP(pool->carved, 1);
+    return p;
+}
+
+static void release_chunk(kp_pool *pool, kp_span *s) {
+    s->prev->next = s->next;
+    s->next->prev = s->prev;
+    pool->nchunks--;
+    pool->mapped -= s->npages * KP_PAGE_SIZE;
+    char *base = (char *)(s->start << KP_PAGE_SHIFT);
+    if (pool->bump >= base && pool->bump <= base + s->npages * KP_PAGE_SIZE) pool->bump = pool->bump_end = NULL;
+    _kp_pageheap_free(s);
+}
+
+/* ---- create / destroy ------------------------------------------------------------------ */
+
+kp_pool *kp_pool_create(size_t block_size, size_t align, size_t capacity) {
+    _kp_init();
+    if (align == 0) align = KP_MIN_ALIGN;
+    if (block_size == 0 || block_size > KP_POOL_MAX_BLOCK || !_kp_is_pow2(align) || align > KP_POOL_MAX_ALIGN ||
+        capacity > ((size_t)1 << 40)) {
+        errno = EINVAL;
+        return NULL;
+    }
+    if (align < KP_MIN_ALIGN) align = KP_MIN_ALIGN;
+    kp_pool *pool = _kp_meta_alloc(sizeof(kp_pool));
+    if (!pool) return NULL;
+    memset(pool, 0, sizeof *pool);
+    pool->block_size = _kp_align_up(block_size, align);
+    pool->align = align;
+    pool->capacity = capacity;
+    pool->mod_magic = UINT64_MAX / pool->block_size + 1;
+    size_t batch = 65536 / pool->block_size;
+    pool->batch = (uint32_t)(batch < 4 ? 4 : batch > 64 ? 64 : batch);
+    size_t first = pool->block_size * 16;
+    if (first < 65536) first = 65536;
+    if (first > ((size_t)1 << 20) && pool->block_size <= ((size_t)1 << 20)) first = (size_t)1 << 20;
+    if (first < pool->block_size) first = pool->block_size;
+    pool->next_chunk = first;
+    pool->chunks.next = pool->chunks.prev = &pool->chunks;
+    _kp_lock_init(&pool->lock);
+    pool->slot = -1;
+
+    pthread_mutex_lock(&pools_lock);
+    pool->id = next_pool_id++;
+    if (capacity == 0) {
+        for (int i = 0; i < KP_POOL_SLOTS; i++) {
+            if (!slots[i]) {
+                slots[i] = pool;
+                pool->slot = i;
+                break;
+            }
+        }
+    }
+    pool->list_next = pools_list.list_next;
+    pool->list_prev = &pools_list;
+    pools_list.list_next->list_prev = pool;
+    pools_list.list_next = pool;
+    pthread_mutex_unlock(&pools_lock);
+    return pool;
+}
+
+static void sum_caches(kp_pool *pool, uint64_t *allocs, uint64_t *frees, size_t *cached);
+
+void kp_pool_destroy(kp_pool *pool) {
+    if (!pool) return;
+    pthread_mutex_lock(&pools_lock);
+    if (pool->slot >= 0) slots[pool->slot] = NULL;
+    pool->list_prev->list_next = pool->list_next;
+    pool->list_next->list_prev = pool->list_prev;
+    pthread_mutex_unlock(&pools_lock);
+#if KP_DEBUG
+    {
+        uint64_t a, f;
+        size_t cached;
+        _kp_lock(&pool->lock);
+        sum_caches(pool, &a, &f, &cached);
+        _kp_unlock(&pool->lock);
+        if (a != f) _kp_error("kp_pool_destroy", pool, "pool still has live blocks");
+    }
+#endif
+    while (pool->chunks.next != &pool->chunks) release_chunk(pool, pool->chunks.next);
+    for (kp_batch *b = pool->descriptors; b;) {
+        kp_batch *next = ((kp_batch **)(b + 1))[0];
+        _kp_meta_free(b, sizeof(kp_batch) + sizeof(void *));
+        b = next;
+    }
+    pthread_mutex_destroy(&pool->lock.mutex);
+    _kp_meta_free(pool, sizeof(kp_pool));
+}
+
+/* ---- validation ------------------------------------------------------------------------ */
+
+/* 1 if p lies at a block boundary inside one of pool's chunks. Lock-free:
+ * the class byte says "pool chunk", and a chunk's fields do not change
+ * while it has a live block. */
+static int block_ok(const kp_pool *pool, const void *p) {
+    if (_kp_pagemap_class(p) != KP_CLASS_POOL) return 0;
+    kp_span *s = _kp_pagemap_get((uintptr_t)p >> KP_PAGE_SHIFT);
+    if (!s || s->owner != pool) return 0;
+    uint64_t off = (uintptr_t)p - (s->start << KP_PAGE_SHIFT);
+    if (off >= (uint64_t)s->capacity * pool->block_size) return 0;
+    /* off % block_size by Lemire's method: exact for 32-bit operands. */
+    uint64_t low = pool->mod_magic * (uint32_t)off;
+    uint64_t rem = (uint64_t)(((unsigned __int128)low * pool->block_size) >> 64);
+    return off >> 32 ? off % pool->block_size == 0 : rem == 0;
+}
+
+static void report_bad_free(kp_pool *pool, void *p) {
+    if (kp_owns(p)) _kp_error("kp_pool_free", p, "pointer is not a block of this pool");
+    else _kp_error("kp_pool_free", p, "pointer was not allocated by kpool");
+    (void)pool;
+}
+
+/* ---- locked mode ------------------------------------------------------------------------ */
+
+static void *locked_alloc(kp_pool *pool) {
+    _kp_lock(&pool->lock);
+    void *p = pool->free_list;
+    if (p) {
+        pool->free_list = *(void **)p;
+        pool->free_count--;
+    } else if (pool->capacity && pool->live >= pool->capacity) {
+        KP_BUMP(pool->exhausted, 1);
+        _kp_unlock(&pool->lock);
+        errno = ENOBUFS;
+        return NULL;
+    } else {
+        p = carve(pool);
+        if (!p) {
+            _kp_unlock(&pool->lock);
+            return NULL;
+        }
+    }
+    pool->live++;
+    if (pool->live > pool->high_water) pool->high_water = pool->live;
+    KP_BUMP(pool->allocs, 1);
+    _kp_unlock(&pool->lock);
+    return p;
+}
+
+static void locked_free(kp_pool *pool, void *p) {
+    _kp_lock(&pool->lock);
+    if (pool->free_list == p || pool->live == 0) {
+        _kp_unlock(&pool->lock);
+        _kp_error("kp_pool_free", p, "double free (block is not live)");
+        return;
+    }
+    *(void **)p = pool->free_list;
+    pool->free_list = p;
+    pool->free_count++;
+    pool->live--;
+    KP_BUMP(pool->frees, 1);
+    _kp_unlock(&pool->lock);
+}
+
+/* ---- cached mode --------------------------------------------------------------------------- */
+
+/* This thread's cache for pool, claimed if its slot held a dead pool's. */
+static kp_pool_cache *cache_of(kp_tcache *tc, kp_pool *pool) {
+    kp_pool_cache *pc = &tc->pools[pool->slot];
+    if (KP_UNLIKELY(KP_LOAD(pc->pool_id) != pool->id)) {
+        pc->head = NULL;
+        KP_STORE(pc->count, 0);
+        KP_STORE(pc->allocs, 0);
+        KP_STORE(pc->frees, 0);
+        KP_STORE(pc->hits, 0);
+        KP_STORE(pc->pool_id, pool->id);
+    }
+    return pc;
+}
+
+/* Move the first n blocks of pc onto the shared stack; -1 if no descriptor. */
+static int push_batch(kp_pool *pool, kp_pool_cache *pc, uint32_t n) {
+    kp_batch *b = descriptor_get(pool);
+    if (!b) return -1;
+    void *head = pc->head, *last = head;
+    for (uint32_t i = 1; i < n; i++) last = *(void **)last;
+    pc->head = *(void **)last;
+    *(void **)last = NULL;
+    KP_STORE(pc->count, KP_LOAD(pc->count) - n);
+    b->head = head;
+    b->count = n;
+    stack_push(&pool->top, b);
+    return 0;
+}
+
+static void *cached_alloc_slow(kp_pool *pool) {
+    kp_tcache *tc = _kp_tcache_get();
+    if (!tc) return locked_alloc(pool);
+    kp_pool_cache *pc = cache_of(tc, pool);
+    void *p = pc->head;
+    if (!p) {
+        kp_batch *b = stack_pop(&pool->top);
+        if (b) {
+            pc->head = b->head;
+            KP_STORE(pc->count, b->count);
+            stack_push(&pool->spare, b);
+            p = pc->head;
+        }
+    }
+    if (p) {
+        pc->head = *(void **)p;
+        KP_STORE(pc->count, KP_LOAD(pc->count) - 1);
+    } else {
+        _kp_lock(&pool->lock);
+        p = pool->free_list;     /* blocks left by threads without a cache */
+        if (p) {
+            pool->free_list = *(void **)p;
+            pool->free_count--;
+        } else {
+            p = carve(pool);
+        }
+        _kp_unlock(&pool->lock);
+        if (!p) return NULL;
+    }
+    KP_BUMP(pc->allocs, 1);
+    return p;
+}
+
+void *kp_pool_alloc(kp_pool *pool) {
+    if (KP_UNLIKELY(!pool)) {
+        errno = EINVAL;
+        return NULL;
+    }
+    if (pool->slot < 0) return locked_alloc(pool);
+    kp_tcache *tc = _kp_tls_tcache;
+    if (KP_LIKELY(tc != NULL)) {
+        kp_pool_cache *pc = &tc->pools[pool->slot];
+        void *p = pc->head;
+        if (KP_LIKELY(p != NULL && KP_LOAD(pc->pool_id) == pool->id)) {
+            pc->head = *(void **)p;
+            KP_STORE(pc->count, KP_LOAD(pc->count) - 1);
+            KP_BUMP(pc->allocs, 1);
+            return p;
+        }
+    }
+    return cached_alloc_slow(pool);
+}
+
+void kp_pool_free(kp_pool *pool, void *p) {
+    if (!p) return;
+    if (KP_UNLIKELY(!pool || !block_ok(pool, p))) {
+        report_bad_free(pool, p);
+        return;
+    }
+    if (pool->slot < 0) {
+        locked_free(pool, p);
+        return;
+    }
+    kp_tcache *tc = _kp_tls_tcache;
+    if (KP_UNLIKELY(!tc)) {
+        tc = _kp_tcache_get();
+        if (!tc) {                 /* thread exiting: the pool's own list */
+            _kp_lock(&pool->lock);
+            *(void **)p = pool->free_list;
+            pool->free_list = p;
+            pool->free_count++;
+            KP_BUMP(pool->frees, 1);
+            _kp_unlock(&pool->lock);
+            return;
+        }
+    }
+    kp_pool_cache *pc = cache_of(tc, pool);
+    if (KP_UNLIKELY(pc->head == p)) {
+        _kp_error("kp_pool_free", p, "double free (block is already at the head of this thread's cache)");
+        return;
+    }
+    *(void **)p = pc->head;
+    pc->head = p;
+    uint32_t n = KP_LOAD(pc->count) + 1;
+    KP_STORE(pc->count, n);
+    KP_BUMP(pc->frees, 1);
+    if (KP_UNLIKELY(n > 2 * pool->batch)) (void)push_batch(pool, pc, pool->batch);
+}
+
+/* Give a thread's caches back to their pools (thread exit, kp_thread_flush).
+ * Called by the cache's owner (or in a forked child). */
+void _kp_pool_thread_flush(kp_tcache *tc) {
+    pthread_mutex_lock(&pools_lock);
+    for (int i = 0; i < KP_POOL_SLOTS; i++) {
+        kp_pool_cache *pc = &tc->pools[i];
+        uint64_t id = KP_LOAD(pc->pool_id);
+        if (!id) continue;
+        kp_pool *pool = slots[i];
+        if (pool && pool->id == id) {
+            _kp_lock(&pool->lock);
+            KP_BUMP(pool->allocs, KP_LOAD(pc->allocs));
+            KP_BUMP(pool->frees, KP_LOAD(pc->frees));
+            KP_STORE(pc->pool_id, 0);
+            while (pc->head) {
+                void *p = pc->head;
+                pc->head = *(void **)p;
+                *(void **)p = pool->free_list;
+                pool->free_list = p;
+                pool->free_count++;
+            }
+            _kp_unlock(&pool->lock);
+        }
+        KP_STORE(pc->pool_id, 0);
+        pc->head = NULL;
+        KP_STORE(pc->count, 0);
+    }
+    pthread_mutex_unlock(&pools_lock);
+}
+
+/* ---- statistics and queries ------------------------------------------------------------------ */
+
+/* Sum the live threads' caches of pool. REQUIRES pool lock. */
+static void sum_caches(kp_pool *pool, uint64_t *allocs, uint64_t *frees, size_t *cached) {
+    *allocs = KP_LOAD(pool->allocs);
+    *frees = KP_LOAD(pool->frees);
+    *cached = 0;
+    if (pool->slot < 0) return;
+    _kp_registry_lock();
+    for (kp_tcache *tc = _kp_registry_first(); tc; tc = _kp_registry_next(tc)) {
+        kp_pool_cache *pc = &tc->pools[pool->slot];
+        if (KP_LOAD(pc->pool_id) != pool->id) continue;
+        *allocs += KP_LOAD(pc->allocs);
+        *frees += KP_LOAD(pc->frees);
+        *cached += KP_LOAD(pc->count);
+    }
+    _kp_registry_unlock();
+}
+
+int kp_pool_stats_get(kp_pool *pool, kp_pool_stats *out) {
+    if (!pool || !out || out->struct_size < sizeof(kp_pool_stats)) {
+        errno = EINVAL;
+        return -1;
+    }
+    uint64_t allocs, frees;
+    size_t cached;
+    _kp_lock(&pool->lock);
+    sum_caches(pool, &allocs, &frees, &cached);
+    size_t live = pool->slot < 0 ? pool->live : (size_t)(allocs - frees);
+    if (live > pool->high_water) pool->high_water = live;
+    out->allocs = allocs;
+    out->frees = frees;
+    out->misses = KP_LOAD(pool->carved);
+    out->hits = allocs > out->misses ? allocs - out->misses : 0;
+    out->exhausted = KP_LOAD(pool->exhausted);
+    out->capacity_waits = KP_LOAD(pool->waits);
+    out->live = live;
+    out->high_water = pool->high_water;
+    out->capacity = pool->capacity;
+    out->block_size = pool->block_size;
+    out->bytes_mapped = pool->mapped;
+    out->chunks = pool->nchunks;
+    _kp_unlock(&pool->lock);
+    return 0;
+}
+
+void kp_pool_note_wait(kp_pool *pool) {
+    if (!pool) return;
+    _kp_lock(&pool->lock);
+    KP_BUMP(pool->waits, 1);
+    _kp_unlock(&pool->lock);
+}
+
+size_t kp_pool_block_size(const kp_pool *pool) { return pool ? pool->block_size : 0; }
+
+int kp_pool_owns(kp_pool *pool, const void *p) {
+    if (!pool || !p || !block_ok(pool, p)) return 0;
+    if (pool->slot >= 0) return 1;   /* cached mode: a free block cannot be told apart cheaply */
+    _kp_lock(&pool->lock);
+    int live = 1;
+    for (void *f = pool->free_list; f; f = *(void **)f)
+        if (f == p) { live = 0; break; }
+    _kp_unlock(&pool->lock);
+    return live;
+}
+
+/* Release the chunks none of whose blocks is live. Free blocks reachable
+ * here: the locked list, this thread's cache and the shared stack; blocks
+ * in other threads' caches keep their chunks. */
+size_t kp_pool_trim(kp_pool *pool) {
+    if (!pool) return 0;
+    kp_tcache *tc = _kp_tls_tcache;
+    if (pool->slot >= 0 && tc) {
+        kp_pool_cache *pc = cache_of(tc, pool);
+        while (KP_LOAD(pc->count) > 0) {
+            uint32_t n = KP_LOAD(pc->count);
+            if (push_batch(pool, pc, n > pool->batch ? pool->batch : n) != 0) break;
+        }
+    }
+    _kp_lock(&pool->lock);
+    for (kp_batch *b; pool->slot >= 0 && (b = stack_pop(&pool->top)) != NULL;) {
+        while (b->head) {
+            void *p = b->head;
+            b->head = *(void **)p;
+            *(void **)p = pool->free_list;
+            pool->free_list = p;
+            pool->free_count++;
+        }
+        stack_push(&pool->spare, b);
+    }
+    /* count free blocks per chunk in span->allocated (unused for chunks) */
+    for (kp_span *s = pool->chunks.next; s != &pool->chunks; s = s->next) s->allocated = 0;
+    for (void *p = pool->free_list; p; p = *(void **)p)
+        _kp_pagemap_get((uintptr_t)p >> KP_PAGE_SHIFT)->allocated++;
+    size_t released = 0;
+    void **link = &pool->free_list;
+    while (*link) {
+        void *p = *link;
+        kp_span *s = _kp_pagemap_get((uintptr_t)p >> KP_PAGE_SHIFT);
+        if (s->allocated == s->carved) {
+            *link = *(void **)p;     /* drop from the list; its chunk goes */
+            pool->free_count--;
+        } else {
+            link = (void **)p;
+        }
+    }
+    for (kp_span *s = pool->chunks.next; s != &pool->chunks;) {
+        kp_span *next = s->next;
+        if (s->allocated == s->carved) {
+            released += s->npages * KP_PAGE_SIZE;
+            release_chunk(pool, s);
+        }
+        s = next;
+    }
+    _kp_unlock(&pool->lock);
+    return released;
+}
