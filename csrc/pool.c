@@ -339,6 +339,16 @@ static int push_batch(kp_pool *pool, kp_pool_cache *pc, uint32_t n) {
     return 0;
 }
 
+/* Cached mode keeps no live count; when a block is carved (live is near its
+ * peak then) the caches are summed. REQUIRES pool lock. */
+static void note_high_water(kp_pool *pool, size_t pending) {
+    uint64_t allocs, frees;
+    size_t cached;
+    sum_caches(pool, &allocs, &frees, &cached);
+    size_t live = (size_t)(allocs - frees) + pending;
+    if (live > pool->high_water) pool->high_water = live;
+}
+
 static void *cached_alloc_slow(kp_pool *pool) {
     kp_tcache *tc = _kp_tcache_get();
     if (!tc) return locked_alloc(pool);
@@ -364,6 +374,7 @@ static void *cached_alloc_slow(kp_pool *pool) {
             pool->free_count--;
         } else {
             p = carve(pool);
+            if (p) note_high_water(pool, 1);
         }
         _kp_unlock(&pool->lock);
         if (!p) return NULL;

@@ -114,7 +114,9 @@ typedef struct kp_pool_stats {
     uint64_t exhausted;       /* allocs refused at capacity (ENOBUFS) */
     uint64_t capacity_waits;  /* waits for a free block, noted by kp_pool_note_wait */
     size_t live;              /* blocks live now */
-    size_t high_water;        /* most blocks live at once */
+    size_t high_water;        /* most blocks live at once: exact for bounded pools;
+                                 for unbounded ones the most seen when a block was
+                                 carved or stats were read (misses bounds it above) */
     size_t capacity;          /* 0 = unbounded */
     size_t block_size;
     size_t bytes_mapped;      /* bytes of chunks held by the pool */

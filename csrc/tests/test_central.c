@@ -1,0 +1,71 @@
+/* test_central.c: batch moves between thread caches and the central lists,
+ * and spans going back to the page heap when all their objects are free. */
+#include "check.h"
+#include "kp_internal.h"
+
+static unsigned chain_length(void *head) {
+    unsigned n = 0;
+    for (; head; head = *(void **)head) n++;
+    return n;
+}
+
+static void test_fetch_and_return_batches(void) {
+    unsigned cls = _kp_size_class(64);
+    void *head, *tail;
+    unsigned got = _kp_central_fetch(cls, 32, &head, &tail);
+    CHECK_EQ(got, 32);
+    CHECK_EQ(chain_length(head), 32);
+    CHECK(*(void **)tail == NULL);
+    CHECK(_kp_central_is_valid(cls));
+    for (void *p = head; p; p = *(void **)p) CHECK(_kp_pagemap_class(p) == cls);
+    _kp_central_return(cls, head, got);
+    CHECK(_kp_central_is_valid(cls));
+}
+
+static void test_empty_spans_go_back(void) {
+    unsigned cls = _kp_size_class(4096);
+    const kp_class_info *ci = &_kp_classes[cls];
+    size_t spans_before = KP_LOAD(_kp_central(cls)->spans);
+    void *head, *tail;
+    unsigned want = ci->objects * 3;   /* three spans' worth */
+    void *all = NULL;
+    unsigned total = 0;
+    while (total < want) {
+        unsigned got = _kp_central_fetch(cls, want - total > 32 ? 32 : want - total, &head, &tail);
+        CHECK(got > 0);
+        if (!got) break;
+        *(void **)tail = all;
+        all = head;
+        total += got;
+    }
+    CHECK(KP_LOAD(_kp_central(cls)->spans) >= spans_before + 2);
+    CHECK(_kp_central_is_valid(cls));
+    _kp_central_return(cls, all, total);
+    CHECK(_kp_central_is_valid(cls));
+    CHECK(KP_LOAD(_kp_central(cls)->spans) <= spans_before + 1);
+    CHECK(_kp_pageheap_is_valid());
+}
+
+static void test_objects_are_distinct_and_in_bounds(void) {
+    unsigned cls = _kp_size_class(48);
+    void *head, *tail;
+    unsigned got = _kp_central_fetch(cls, 32, &head, &tail);
+    void *seen[32];
+    unsigned n = 0;
+    for (void *p = head; p; p = *(void **)p) seen[n++] = p;
+    CHECK_EQ(n, got);
+    for (unsigned i = 0; i < n; i++)
+        for (unsigned j = i + 1; j < n; j++) {
+            size_t d = seen[i] > seen[j] ? (size_t)((char *)seen[i] - (char *)seen[j]) : (size_t)((char *)seen[j] - (char *)seen[i]);
+            CHECK(d >= 48);
+        }
+    _kp_central_return(cls, head, got);
+}
+
+int main(void) {
+    _kp_init();
+    RUN(test_fetch_and_return_batches);
+    RUN(test_empty_spans_go_back);
+    RUN(test_objects_are_distinct_and_in_bounds);
+    return DONE();
+}

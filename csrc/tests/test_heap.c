@@ -1,0 +1,269 @@
+/* test_heap.c: the general heap API: limits, bad input, misuse reaching the
+ * error handler, alignment, realloc, ownership, fork, memory going back to
+ * the OS. */
+#include "check.h"
+#include "kp_internal.h"
+
+#include <stdint.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static int handler_calls;
+static const char *handler_call;
+static const void *handler_ptr;
+static void record_handler(const char *call, const void *ptr, const char *what) {
+    handler_calls++;
+    handler_call = call;
+    handler_ptr = ptr;
+    (void)what;
+}
+
+static void test_malloc_zero_is_unique_and_freeable(void) {
+    void *a = kp_malloc(0), *b = kp_malloc(0);
+    CHECK(a && b && a != b);
+    CHECK(kp_owns(a));
+    kp_free(a);
+    kp_free(b);
+    kp_free(NULL);
+    kp_free_sized(NULL, 10);
+}
+
+static void test_alignment_of_every_class(void) {
+    for (size_t s = 1; s <= 70000; s += (s < 2048 ? 1 : 97)) {
+        void *p = kp_malloc(s);
+        CHECK(p != NULL);
+        if (((uintptr_t)p & 15) != 0) { CHECK(!"16-byte alignment"); kp_free(p); return; }
+        size_t cs = kp_usable_size(p);
+        if (_kp_is_pow2(cs) && cs <= KP_PAGE_SIZE && ((uintptr_t)p & (cs - 1))) CHECK(!"natural alignment");
+        memset(p, 0xab, s);
+        kp_free(p);
+    }
+}
+
+static void test_calloc_overflow_and_huge_sizes(void) {
+    errno = 0;
+    CHECK(kp_calloc(SIZE_MAX / 2, 3) == NULL);
+    CHECK_EQ(errno, ENOMEM);
+    errno = 0;
+    CHECK(kp_malloc(SIZE_MAX) == NULL);
+    CHECK_EQ(errno, ENOMEM);
+    errno = 0;
+    CHECK(kp_malloc(SIZE_MAX - 4096) == NULL);
+    CHECK_EQ(errno, ENOMEM);
+    CHECK(kp_aligned_alloc(64, SIZE_MAX - 10) == NULL);
+    unsigned char *z = kp_calloc(100, 100);
+    CHECK(z != NULL);
+    int zero = 1;
+    for (int i = 0; i < 10000; i++) zero &= z[i] == 0;
+    CHECK(zero);
+    kp_free(z);
+    void *p = kp_malloc(64);   /* the heap still works */
+    CHECK(p != NULL);
+    kp_free(p);
+}
+
+static void test_aligned_alloc(void) {
+    errno = 0;
+    CHECK(kp_aligned_alloc(3, 10) == NULL);
+    CHECK_EQ(errno, EINVAL);
+    errno = 0;
+    CHECK(kp_aligned_alloc(0, 10) == NULL);
+    CHECK_EQ(errno, EINVAL);
+    for (size_t a = 1; a <= ((size_t)1 << 26); a *= 2) {
+        size_t sizes[] = { 1, 100, 5000, 300000 };
+        for (int i = 0; i < 4; i++) {
+            char *p = kp_aligned_alloc(a, sizes[i]);
+            CHECK(p != NULL);
+            CHECK(((uintptr_t)p % a) == 0);
+            CHECK(kp_usable_size(p) >= sizes[i]);
+            p[0] = 1;
+            p[sizes[i] - 1] = 2;
+            kp_free(p);
+        }
+    }
+}
+
+static void test_realloc(void) {
+    char *p = kp_realloc(NULL, 10);
+    CHECK(p != NULL);
+    memcpy(p, "abcdefghi", 10);
+    char *q = kp_realloc(p, 5000);
+    CHECK(q != NULL && memcmp(q, "abcdefghi", 10) == 0);
+    char *r = kp_realloc(q, 1 << 20);
+    CHECK(r != NULL && memcmp(r, "abcdefghi", 10) == 0);
+    char *s = kp_realloc(r, 12);
+    CHECK(s != NULL && memcmp(s, "abcdefghi", 10) == 0);
+    CHECK(kp_usable_size(s) < 1000);      /* shrinking a large block moves it */
+    /* kp_realloc(p, 0) frees p and returns a unique, freeable pointer */
+    void *t = kp_realloc(s, 0);
+    CHECK(t != NULL);
+    CHECK(kp_owns(t));
+    kp_free(t);
+    /* growth within the class keeps the block */
+    char *u = kp_malloc(100);
+    CHECK(kp_realloc(u, 110) == u);
+    errno = 0;
+    CHECK(kp_realloc(u, SIZE_MAX) == NULL);   /* failure leaves u intact */
+    CHECK_EQ(errno, ENOMEM);
+    kp_free(u);
+}
+
+static void test_usable_size_and_owns(void) {
+    int local;
+    static int global;
+    void *libc = malloc(32);
+    CHECK(!kp_owns(&local));
+    CHECK(!kp_owns(&global));
+    CHECK(!kp_owns(libc));
+    CHECK(!kp_owns(NULL));
+    CHECK_EQ(kp_usable_size(NULL), 0);
+    CHECK_EQ(kp_usable_size(&local), 0);
+    free(libc);
+    char *p = kp_malloc(100);
+    CHECK(kp_owns(p) && kp_owns(p + 99));
+    CHECK_EQ(kp_usable_size(p), 112);
+    kp_free(p);
+    char *big = kp_malloc(300000);
+    CHECK(kp_owns(big) && kp_owns(big + 299999));
+    CHECK(kp_usable_size(big) >= 300000);
+    kp_free(big);
+    CHECK(!kp_owns(big));        /* its span went back to the page heap */
+}
+
+static void test_misuse_reaches_the_handler(void) {
+    kp_error_handler prev = kp_set_error_handler(record_handler);
+    CHECK(prev == NULL);
+    int local;
+    handler_calls = 0;
+    kp_free(&local);
+    CHECK_EQ(handler_calls, 1);
+    CHECK(handler_call && strcmp(handler_call, "kp_free") == 0 && handler_ptr == &local);
+    void *libc = malloc(64);
+    kp_free(libc);
+    CHECK_EQ(handler_calls, 2);
+    free(libc);
+    /* double free: the block is at the head of this thread's list */
+    void *p = kp_malloc(48);
+    kp_free(p);
+    kp_free(p);
+    CHECK_EQ(handler_calls, 3);
+    /* double free of a large block: its span is free */
+    void *big = kp_malloc(1 << 20);
+    kp_free(big);
+    kp_free(big);
+    CHECK_EQ(handler_calls, 4);
+    /* interior pointer of a large block */
+    char *big2 = kp_malloc(1 << 20);
+    kp_free(big2 + 100);
+    CHECK_EQ(handler_calls, 5);
+    kp_free(big2);
+    /* a size larger than the block */
+    void *s = kp_malloc(16);
+    kp_free_sized(s, 4000);
+    CHECK_EQ(handler_calls, 6);
+    kp_free_sized(s, 16);
+    CHECK_EQ(kp_realloc(&local, 10) == NULL, 1);
+    CHECK_EQ(handler_calls, 7);
+    kp_set_error_handler(NULL);
+}
+
+static void test_map_failure_then_recovery(void) {
+    _kp_os_fail_next(1 << 20);
+    errno = 0;
+    void *p = kp_malloc((size_t)2 << 30);
+    CHECK(p == NULL);
+    CHECK_EQ(errno, ENOMEM);
+    _kp_os_fail_next(0);
+    p = kp_malloc((size_t)64 << 20);
+    CHECK(p != NULL);
+    kp_free(p);
+    void *q = kp_malloc(24);
+    CHECK(q != NULL);
+    kp_free(q);
+}
+
+static void *fork_worker(void *arg) {
+    volatile int *stop = arg;
+    void *slots[64] = {0};
+    unsigned i = 0;
+    while (!__atomic_load_n(stop, __ATOMIC_RELAXED)) {
+        unsigned k = i++ % 64;
+        kp_free(slots[k]);
+        slots[k] = kp_malloc(16 + (i * 37) % 3000);
+    }
+    for (int k = 0; k < 64; k++) kp_free(slots[k]);
+    return NULL;
+}
+
+static void test_fork_while_threads_allocate(void) {
+    pthread_t t[2];
+    int stop = 0;
+    for (int i = 0; i < 2; i++) pthread_create(&t[i], NULL, fork_worker, &stop);
+    for (int round = 0; round < 20; round++) {
+        pid_t pid = fork();
+        if (pid == 0) {
+            void *v[1000];
+            for (int i = 0; i < 1000; i++) v[i] = kp_malloc((size_t)i * 13 + 1);
+            for (int i = 0; i < 1000; i++) kp_free(v[i]);
+            void *big = kp_malloc(1 << 22);
+            kp_free(big);
+            kp_trim();
+            _exit(0);
+        }
+        int status = 0;
+        CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
+        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    }
+    __atomic_store_n(&stop, 1, __ATOMIC_RELAXED);
+    for (int i = 0; i < 2; i++) pthread_join(t[i], NULL);
+}
+
+static size_t rss_bytes(void) {
+    FILE *f = fopen("/proc/self/statm", "r");
+    size_t pages = 0, res = 0;
+    if (f) {
+        if (fscanf(f, "%zu %zu", &pages, &res) != 2) res = 0;
+        fclose(f);
+    }
+    return res * (size_t)sysconf(_SC_PAGESIZE);
+}
+
+static void test_memory_goes_back_without_trim(void) {
+    const char *env = getenv("KP_TEST_BURST_MB");
+    size_t total = (size_t)(env ? atoi(env) : 1024) << 20;
+    size_t n = total / 2080 + 1;
+    void **v = malloc(n * sizeof *v);
+    size_t start = rss_bytes(), bytes = 0, count = 0;
+    unsigned seed = 7;
+    while (bytes < total && count < n) {
+        seed = seed * 1103515245u + 12345u;
+        size_t s = 64 + (seed >> 8) % (4096 - 64 + 1);
+        v[count] = kp_malloc(s);
+        memset(v[count], 1, s);
+        bytes += s;
+        count++;
+    }
+    size_t peak = rss_bytes();
+    for (size_t i = 0; i < count; i++) kp_free(v[i]);
+    free(v);
+    usleep(1000 * 1000);
+    size_t after = rss_bytes();
+    printf("     burst %zu MiB: rss start %zu MiB, full %zu MiB, after free + 1 s %zu MiB\n", total >> 20,
+           start >> 20, peak >> 20, after >> 20);
+    CHECK(after <= start + peak / 20 + ((size_t)16 << 20));
+}
+
+int main(void) {
+    _kp_init();
+    RUN(test_malloc_zero_is_unique_and_freeable);
+    RUN(test_alignment_of_every_class);
+    RUN(test_calloc_overflow_and_huge_sizes);
+    RUN(test_aligned_alloc);
+    RUN(test_realloc);
+    RUN(test_usable_size_and_owns);
+    RUN(test_misuse_reaches_the_handler);
+    RUN(test_map_failure_then_recovery);
+    RUN(test_fork_while_threads_allocate);
+    RUN(test_memory_goes_back_without_trim);
+    return DONE();
+}

@@ -1,0 +1,106 @@
+/* test_pageheap.c: span carving, splitting, coalescing, aligned spans, and
+ * giving pages back to the OS. */
+#include "check.h"
+#include "kp_internal.h"
+
+static void test_split_and_coalesce(void) {
+    kp_span *a = _kp_pageheap_alloc(3, KP_SPAN_LARGE);
+    kp_span *b = _kp_pageheap_alloc(5, KP_SPAN_LARGE);
+    kp_span *c = _kp_pageheap_alloc(2, KP_SPAN_LARGE);
+    CHECK(a && b && c);
+    CHECK(_kp_pageheap_is_valid());
+    int adjacent = b->start == a->start + 3 && c->start == b->start + 5;
+    uintptr_t a_start = a->start;
+    _kp_pageheap_free(a);
+    _kp_pageheap_free(c);
+    CHECK(_kp_pageheap_is_valid());
+    _kp_pageheap_free(b);     /* merges with both neighbours */
+    CHECK(_kp_pageheap_is_valid());
+    if (adjacent) {
+        kp_span *whole = _kp_pagemap_get(a_start);
+        CHECK(whole && whole->state == KP_SPAN_FREE && whole->start == a_start && whole->npages >= 10);
+    }
+    kp_span *again = _kp_pageheap_alloc(10, KP_SPAN_LARGE);   /* fits in the merged span */
+    CHECK(again != NULL);
+    if (adjacent) CHECK_EQ(again->start, a_start);
+    _kp_pageheap_free(again);
+    CHECK(_kp_pageheap_is_valid());
+}
+
+static void test_aligned_spans(void) {
+    for (size_t align_pages = 2; align_pages <= 256; align_pages *= 4) {
+        kp_span *s = _kp_pageheap_alloc_aligned(3, align_pages, KP_SPAN_LARGE);
+        CHECK(s != NULL);
+        CHECK(s->start % align_pages == 0);
+        CHECK_EQ(s->npages, 3);
+        CHECK(_kp_pageheap_is_valid());
+        _kp_pageheap_free(s);
+    }
+    CHECK(_kp_pageheap_is_valid());
+}
+
+static void test_trim_releases_free_spans(void) {
+    kp_span *s = _kp_pageheap_alloc(64, KP_SPAN_LARGE);
+    CHECK(s != NULL);
+    memset((void *)(s->start << KP_PAGE_SHIFT), 7, 64 * KP_PAGE_SIZE);
+    _kp_pageheap_free(s);
+    kp_pageheap_figures before, after;
+    _kp_pageheap_figures(&before);
+    CHECK(before.free_bytes >= 64 * KP_PAGE_SIZE);
+    size_t released = _kp_pageheap_trim();
+    _kp_pageheap_figures(&after);
+    CHECK(released >= 64 * KP_PAGE_SIZE);
+    CHECK_EQ(after.free_bytes, 0);
+    CHECK(after.released >= before.released + 64 * KP_PAGE_SIZE);
+    CHECK(_kp_pageheap_is_valid());
+    /* released pages come back zeroed */
+    kp_span *t = _kp_pageheap_alloc(64, KP_SPAN_LARGE);
+    CHECK(t != NULL);
+    CHECK(((unsigned char *)(t->start << KP_PAGE_SHIFT))[100] == 0);
+    _kp_pageheap_free(t);
+}
+
+static void test_map_failure_is_enomem_and_recoverable(void) {
+    _kp_os_fail_next(1000);
+    errno = 0;
+    kp_span *s = _kp_pageheap_alloc((size_t)1 << 17, KP_SPAN_LARGE);   /* 1 GiB: needs a fresh map */
+    CHECK(s == NULL);
+    CHECK_EQ(errno, ENOMEM);
+    _kp_os_fail_next(0);
+    s = _kp_pageheap_alloc(4, KP_SPAN_LARGE);
+    CHECK(s != NULL);
+    if (s) _kp_pageheap_free(s);
+    CHECK(_kp_pageheap_alloc(((size_t)1 << KP_PAGEMAP_BITS), KP_SPAN_LARGE) == NULL);
+    CHECK(_kp_pageheap_is_valid());
+}
+
+static void test_many_spans_random_order(void) {
+    enum { N = 500 };
+    kp_span *s[N];
+    unsigned seed = 12345;
+    for (int i = 0; i < N; i++) {
+        seed = seed * 1103515245u + 12345u;
+        s[i] = _kp_pageheap_alloc(1 + (seed >> 16) % 40, KP_SPAN_LARGE);
+        CHECK(s[i] != NULL);
+    }
+    for (int i = 0; i < N; i++) {
+        seed = seed * 1103515245u + 12345u;
+        int j = (int)((seed >> 16) % N);
+        kp_span *t = s[i]; s[i] = s[j]; s[j] = t;
+    }
+    for (int i = 0; i < N; i++) {
+        _kp_pageheap_free(s[i]);
+        if (i % 50 == 0) CHECK(_kp_pageheap_is_valid());
+    }
+    CHECK(_kp_pageheap_is_valid());
+}
+
+int main(void) {
+    _kp_init();
+    RUN(test_split_and_coalesce);
+    RUN(test_aligned_spans);
+    RUN(test_trim_releases_free_spans);
+    RUN(test_map_failure_is_enomem_and_recoverable);
+    RUN(test_many_spans_random_order);
+    return DONE();
+}

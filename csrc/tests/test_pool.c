@@ -1,0 +1,229 @@
+/* test_pool.c: fixed-size pools: bad arguments, alignment, exact capacity
+ * across threads, misuse reaching the handler, trim and destroy. */
+#include "check.h"
+#include "kp_internal.h"
+
+static int handler_calls;
+static void record_handler(const char *call, const void *ptr, const char *what) {
+    handler_calls++;
+    (void)call; (void)ptr; (void)what;
+}
+
+static void test_bad_arguments_are_einval(void) {
+    errno = 0; CHECK(kp_pool_create(0, 16, 0) == NULL); CHECK_EQ(errno, EINVAL);
+    errno = 0; CHECK(kp_pool_create(64, 48, 0) == NULL); CHECK_EQ(errno, EINVAL);
+    errno = 0; CHECK(kp_pool_create(KP_POOL_MAX_BLOCK + 1, 16, 0) == NULL); CHECK_EQ(errno, EINVAL);
+    errno = 0; CHECK(kp_pool_create(64, KP_POOL_MAX_ALIGN * 2, 0) == NULL); CHECK_EQ(errno, EINVAL);
+    errno = 0; CHECK(kp_pool_alloc(NULL) == NULL); CHECK_EQ(errno, EINVAL);
+    kp_pool_free(NULL, NULL);
+    kp_pool_destroy(NULL);
+}
+
+static void test_blocks_are_aligned_distinct_and_reused(void) {
+    size_t aligns[] = { 0, 16, 64, 4096, 65536 };
+    for (int a = 0; a < 5; a++) {
+        kp_pool *pool = kp_pool_create(100, aligns[a], 0);
+        CHECK(pool != NULL);
+        size_t align = aligns[a] ? aligns[a] : 16;
+        CHECK(kp_pool_block_size(pool) % align == 0 && kp_pool_block_size(pool) >= 100);
+        enum { N = 300 };
+        char *v[N];
+        for (int i = 0; i < N; i++) {
+            v[i] = kp_pool_alloc(pool);
+            CHECK(v[i] && (uintptr_t)v[i] % align == 0);
+            memset(v[i], i & 0xff, 100);
+            CHECK(kp_owns(v[i]));
+            CHECK(kp_pool_owns(pool, v[i]));
+        }
+        for (int i = 0; i < N; i++) CHECK(v[i][99] == (char)(i & 0xff));
+        void *first = v[N - 1];
+        kp_pool_free(pool, v[N - 1]);
+        CHECK(kp_pool_alloc(pool) == first);     /* LIFO reuse */
+        for (int i = 0; i < N; i++) kp_pool_free(pool, v[i]);
+        kp_pool_stats st = { .struct_size = sizeof st };
+        CHECK_EQ(kp_pool_stats_get(pool, &st), 0);
+        CHECK_EQ(st.allocs, N + 1);
+        CHECK_EQ(st.frees, N + 1);
+        CHECK_EQ(st.live, 0);
+        CHECK_EQ(st.misses, N);
+        CHECK_EQ(st.hits, 1);
+        CHECK(st.high_water >= 1);
+        kp_pool_destroy(pool);
+    }
+}
+
+static void test_bounded_pool_is_exact(void) {
+    kp_pool *pool = kp_pool_create(32, 0, 10);
+    void *v[10];
+    for (int i = 0; i < 10; i++) CHECK((v[i] = kp_pool_alloc(pool)) != NULL);
+    errno = 0;
+    CHECK(kp_pool_alloc(pool) == NULL);
+    CHECK_EQ(errno, ENOBUFS);
+    kp_pool_free(pool, v[3]);
+    CHECK(kp_pool_alloc(pool) == v[3]);
+    kp_pool_stats st = { .struct_size = sizeof st };
+    kp_pool_stats_get(pool, &st);
+    CHECK_EQ(st.live, 10);
+    CHECK_EQ(st.high_water, 10);
+    CHECK_EQ(st.exhausted, 1);
+    CHECK_EQ(st.capacity, 10);
+    for (int i = 0; i < 10; i++) kp_pool_free(pool, v[i]);
+    kp_pool_destroy(pool);
+}
+
+typedef struct { kp_pool *pool; _Atomic int *live; _Atomic int *max_live; int cap; int failed; void **ring; _Atomic int *ring_pos; } cap_arg;
+
+static void *cap_worker(void *arg) {
+    cap_arg *a = arg;
+    void *mine[8];
+    int n = 0;
+    for (int i = 0; i < 20000; i++) {
+        if (n < 8) {
+            void *p = kp_pool_alloc(a->pool);
+            if (p) {
+                int now = atomic_fetch_add(a->live, 1) + 1;
+                if (now > a->cap) a->failed = 1;
+                int m = atomic_load(a->max_live);
+                while (now > m && !atomic_compare_exchange_weak(a->max_live, &m, now)) {}
+                mine[n++] = p;
+            }
+        }
+        if (n && (i % 3 == 0 || n == 8)) {
+            atomic_fetch_sub(a->live, 1);
+            kp_pool_free(a->pool, mine[--n]);
+        }
+    }
+    while (n) { atomic_fetch_sub(a->live, 1); kp_pool_free(a->pool, mine[--n]); }
+    return NULL;
+}
+
+static void test_capacity_is_never_exceeded_across_threads(void) {
+    enum { T = 4, CAP = 12 };
+    kp_pool *pool = kp_pool_create(64, 0, CAP);
+    _Atomic int live = 0, max_live = 0;
+    cap_arg args[T];
+    pthread_t t[T];
+    for (int i = 0; i < T; i++) {
+        args[i] = (cap_arg){ .pool = pool, .live = &live, .max_live = &max_live, .cap = CAP };
+        pthread_create(&t[i], NULL, cap_worker, &args[i]);
+    }
+    for (int i = 0; i < T; i++) { pthread_join(t[i], NULL); CHECK(!args[i].failed); }
+    kp_pool_stats st = { .struct_size = sizeof st };
+    kp_pool_stats_get(pool, &st);
+    CHECK(st.high_water <= CAP);
+    CHECK_EQ(st.live, 0);
+    CHECK(st.misses <= CAP);
+    kp_pool_destroy(pool);
+}
+
+typedef struct { kp_pool *pool; void **handoff; int n; } xarg;
+static void *free_others(void *arg) {
+    xarg *x = arg;
+    for (int i = 0; i < x->n; i++) kp_pool_free(x->pool, x->handoff[i]);
+    return NULL;
+}
+
+static void test_blocks_freed_by_other_threads_come_back(void) {
+    kp_pool *pool = kp_pool_create(48, 0, 0);
+    enum { N = 5000 };
+    void **v = malloc(N * sizeof *v);
+    for (int round = 0; round < 4; round++) {
+        for (int i = 0; i < N; i++) v[i] = kp_pool_alloc(pool);
+        xarg x = { pool, v, N };
+        pthread_t t;
+        pthread_create(&t, NULL, free_others, &x);
+        pthread_join(t, NULL);   /* the exited thread's cache went back to the pool */
+    }
+    kp_pool_stats st = { .struct_size = sizeof st };
+    kp_pool_stats_get(pool, &st);
+    CHECK_EQ(st.live, 0);
+    CHECK(st.misses <= N + 200);     /* later rounds reuse the first round's blocks */
+    CHECK(st.hits >= 3 * N - 200);
+    free(v);
+    kp_pool_destroy(pool);
+}
+
+static void test_misuse_reaches_the_handler(void) {
+    kp_set_error_handler(record_handler);
+    kp_pool *a = kp_pool_create(64, 0, 0), *b = kp_pool_create(64, 0, 0), *c = kp_pool_create(64, 0, 5);
+    char *pa = kp_pool_alloc(a);
+    handler_calls = 0;
+    kp_pool_free(b, pa);                 /* wrong pool */
+    CHECK_EQ(handler_calls, 1);
+    kp_pool_free(a, pa + 8);             /* interior pointer */
+    CHECK_EQ(handler_calls, 2);
+    int local;
+    kp_pool_free(a, &local);             /* not kpool's */
+    CHECK_EQ(handler_calls, 3);
+    void *heap = kp_malloc(64);
+    kp_pool_free(a, heap);               /* a heap block */
+    CHECK_EQ(handler_calls, 4);
+    kp_free(pa);                         /* a pool block given to kp_free */
+    CHECK_EQ(handler_calls, 5);
+    kp_pool_free(a, pa);
+    kp_pool_free(a, pa);                 /* double free */
+    CHECK_EQ(handler_calls, 6);
+    void *pc = kp_pool_alloc(c);
+    kp_pool_free(c, pc);
+    kp_pool_free(c, pc);                 /* double free, bounded pool */
+    CHECK_EQ(handler_calls, 7);
+    kp_pool_stats st = { .struct_size = sizeof st };
+    kp_pool_stats_get(a, &st);
+    CHECK_EQ(st.live, 0);                /* the pool was not corrupted */
+    CHECK(kp_pool_alloc(a) == pa);
+    kp_free(heap);
+    kp_pool_destroy(a);
+    kp_pool_destroy(b);
+    kp_pool_destroy(c);
+    kp_set_error_handler(NULL);
+}
+
+static void test_trim_and_destroy_give_memory_back(void) {
+    kp_stats before = { .struct_size = sizeof before }, after = { .struct_size = sizeof after };
+    kp_stats_get(&before);
+    kp_pool *pool = kp_pool_create(1000, 0, 0);
+    enum { N = 4000 };
+    void **v = malloc(N * sizeof *v);
+    for (int i = 0; i < N; i++) v[i] = kp_pool_alloc(pool);
+    kp_pool_stats st = { .struct_size = sizeof st };
+    kp_pool_stats_get(pool, &st);
+    CHECK(st.bytes_mapped >= (size_t)N * 1008);
+    for (int i = 0; i < N; i++) kp_pool_free(pool, v[i]);
+    size_t released = kp_pool_trim(pool);
+    CHECK(released >= (size_t)N * 1000 / 2);
+    kp_pool_stats_get(pool, &st);
+    CHECK(st.bytes_mapped < (size_t)N * 1000 / 2);
+    for (int i = 0; i < N; i++) v[i] = kp_pool_alloc(pool);   /* still works after trim */
+    for (int i = 0; i < N; i++) CHECK(v[i] != NULL);
+    kp_pool_destroy(pool);                                       /* with live blocks: all given back */
+    kp_stats_get(&after);
+    CHECK_EQ(after.bytes_pools, before.bytes_pools);
+    free(v);
+}
+
+static void test_destroyed_pool_caches_are_not_reused(void) {
+    for (int round = 0; round < 200; round++) {
+        kp_pool *pool = kp_pool_create(64 + (size_t)(round % 5) * 16, 0, 0);
+        void *p = kp_pool_alloc(pool);
+        kp_pool_free(pool, p);          /* stays in this thread's cache */
+        kp_pool_destroy(pool);
+    }
+    kp_pool *pool = kp_pool_create(64, 0, 0);
+    void *p = kp_pool_alloc(pool);
+    CHECK(p != NULL && kp_pool_owns(pool, p));
+    kp_pool_free(pool, p);
+    kp_pool_destroy(pool);
+}
+
+int main(void) {
+    _kp_init();
+    RUN(test_bad_arguments_are_einval);
+    RUN(test_blocks_are_aligned_distinct_and_reused);
+    RUN(test_bounded_pool_is_exact);
+    RUN(test_capacity_is_never_exceeded_across_threads);
+    RUN(test_blocks_freed_by_other_threads_come_back);
+    RUN(test_misuse_reaches_the_handler);
+    RUN(test_trim_and_destroy_give_memory_back);
+    RUN(test_destroyed_pool_caches_are_not_reused);
+    return DONE();
+}

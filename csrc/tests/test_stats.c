@@ -1,0 +1,182 @@
+/* test_stats.c: every figure of kp_stats moves the way it should: counts,
+ * gauges, reset, lock contention, fragmentation, the accounting identity. */
+#include "check.h"
+#include "kp_internal.h"
+
+static kp_stats snap(void) {
+    kp_stats st = { .struct_size = sizeof st };
+    CHECK_EQ(kp_stats_get(&st), 0);
+    return st;
+}
+
+static void test_versioned_struct(void) {
+    kp_stats st = { .struct_size = 8 };
+    errno = 0;
+    CHECK_EQ(kp_stats_get(&st), -1);
+    CHECK_EQ(errno, EINVAL);
+    CHECK_EQ(kp_stats_get(NULL), -1);
+    /* an older caller that knows only the part before the class table */
+    kp_stats *small = calloc(1, sizeof *small);
+    small->struct_size = offsetof(kp_stats, classes);
+    small->classes[0].size = 12345;
+    CHECK_EQ(kp_stats_get(small), 0);
+    CHECK_EQ(small->version, KP_STATS_VERSION);
+    CHECK_EQ(small->classes[0].size, 12345);    /* not written past struct_size */
+    free(small);
+    kp_stats full = snap();
+    CHECK_EQ(full.nclasses, KP_NUM_CLASSES - 1);
+    CHECK_EQ(full.classes[0].size, 16);
+}
+
+static void test_counts_and_gauges(void) {
+    enum { N = 1000 };
+    void *v[N];
+    kp_stats a = snap();
+    unsigned cls = _kp_size_class(200);
+    for (int i = 0; i < N; i++) v[i] = kp_malloc(200);
+    kp_stats b = snap();
+    CHECK(b.allocs >= a.allocs + N);
+    CHECK(b.classes[cls - 1].allocs >= a.classes[cls - 1].allocs + N);
+    CHECK(b.bytes_in_use >= a.bytes_in_use + N * 200);
+    CHECK(b.classes[cls - 1].in_use >= N);
+    CHECK(b.bytes_requested >= a.bytes_requested + N * 200);
+    for (int i = 0; i < N; i++) kp_free_sized(v[i], 200);
+    kp_stats c = snap();
+    CHECK(c.frees >= b.frees + N);
+    CHECK_EQ(c.classes[cls - 1].in_use, a.classes[cls - 1].in_use);
+    CHECK_EQ(c.bytes_requested, a.bytes_requested);
+    kp_thread_flush();
+    kp_stats d = snap();
+    CHECK_EQ(d.classes[cls - 1].free_in_tcaches, 0);
+    CHECK(d.central_returns > c.central_returns);
+    void *big = kp_malloc(5 << 20);
+    kp_stats e = snap();
+    CHECK(e.bytes_in_use >= d.bytes_in_use + (5 << 20));
+    CHECK(e.large_allocs >= d.large_allocs + 1);
+    kp_free(big);
+}
+
+static void test_requested_and_internal_fragmentation(void) {
+    kp_stats a = snap();
+    void *v[100];
+    for (int i = 0; i < 100; i++) v[i] = kp_malloc(17);     /* class 32: half wasted */
+    kp_stats b = snap();
+    CHECK_EQ(b.bytes_requested - a.bytes_requested, 1700);
+    CHECK_EQ(b.bytes_in_use - a.bytes_in_use, 3200);
+    CHECK(b.internal_fragmentation > a.internal_fragmentation || b.internal_fragmentation > 0.3);
+    for (int i = 0; i < 100; i++) kp_free_sized(v[i], 17);
+    kp_stats c = snap();
+    CHECK(c.requested_exact == a.requested_exact);
+    void *p = kp_malloc(17);
+    kp_free(p);                                              /* size not told */
+    kp_stats d = snap();
+    CHECK_EQ(d.requested_exact, 0);
+}
+
+static void test_reset_zeroes_events_not_gauges(void) {
+    void *keep = kp_malloc(5000);
+    kp_stats_reset();
+    kp_stats a = snap();
+    CHECK_EQ(a.allocs, 0);
+    CHECK_EQ(a.frees, 0);
+    CHECK(a.lock_acquires <= 4);          /* reading the stats takes a few locks itself */
+    CHECK(a.bytes_in_use >= 5000);
+    void *p = kp_malloc(64);
+    kp_free(p);
+    kp_stats b = snap();
+    CHECK_EQ(b.allocs, 1);
+    CHECK_EQ(b.frees, 1);
+    kp_free(keep);
+}
+
+static void *hammer(void *arg) {
+    (void)arg;
+    void *v[64];
+    for (int r = 0; r < 3000; r++) {
+        for (int i = 0; i < 64; i++) v[i] = kp_malloc(4000);
+        for (int i = 0; i < 64; i++) kp_free(v[i]);
+        kp_thread_flush();              /* force every batch through the central lock */
+    }
+    return NULL;
+}
+
+static void test_lock_contention_is_counted(void) {
+    kp_stats a = snap();
+    pthread_t t[4];
+    for (int i = 0; i < 4; i++) pthread_create(&t[i], NULL, hammer, NULL);
+    for (int i = 0; i < 4; i++) pthread_join(t[i], NULL);
+    kp_stats b = snap();
+    CHECK(b.lock_acquires > a.lock_acquires + 4 * 3000);
+    CHECK(b.lock_contended > a.lock_contended);
+    CHECK(b.lock_wait_ns > a.lock_wait_ns);
+    printf("     locks: %llu acquired, %llu contended, %llu ns waiting\n",
+           (unsigned long long)(b.lock_acquires - a.lock_acquires),
+           (unsigned long long)(b.lock_contended - a.lock_contended),
+           (unsigned long long)(b.lock_wait_ns - a.lock_wait_ns));
+}
+
+static void test_external_fragmentation(void) {
+    enum { N = 20000 };
+    void **v = malloc(N * sizeof *v);
+    /* not fragmenting: allocate, free all */
+    for (int i = 0; i < N; i++) v[i] = kp_malloc(128);
+    for (int i = 0; i < N; i++) kp_free(v[i]);
+    kp_thread_flush();
+    kp_stats calm = snap();
+    /* fragmenting: free every other block */
+    for (int i = 0; i < N; i++) v[i] = kp_malloc(128);
+    for (int i = 0; i < N; i += 2) kp_free(v[i]);
+    kp_trim();          /* only the holes are left: no free spans to serve a large request */
+    kp_stats frag = snap();
+    printf("     external fragmentation: calm %.3f, every other block freed %.3f\n",
+           calm.external_fragmentation, frag.external_fragmentation);
+    CHECK(frag.external_fragmentation > calm.external_fragmentation);
+    CHECK(frag.external_fragmentation > 0.9);
+    CHECK(frag.bytes_free_central >= (size_t)N / 2 * 128);
+    for (int i = 1; i < N; i += 2) kp_free(v[i]);
+    free(v);
+}
+
+static void test_bytes_mapped_is_accounted_for(void) {
+    kp_pool *pool = kp_pool_create(256, 0, 0);
+    void *pb = kp_pool_alloc(pool);
+    kp_arena *ar = kp_arena_create(0);
+    kp_arena_alloc(ar, 100, 16);
+    void *big = kp_malloc(1 << 20);
+    kp_stats s = snap();
+    size_t sum = s.bytes_small_spans + s.bytes_large + s.bytes_pools + s.bytes_arenas + s.bytes_free_pageheap +
+                 s.bytes_released;
+    CHECK_EQ(sum, s.bytes_mapped);
+    CHECK(s.bytes_pools > 0 && s.bytes_arenas > 0 && s.bytes_large >= (1 << 20));
+    size_t small_live = 0;
+    for (size_t k = 0; k < s.nclasses; k++) small_live += s.classes[k].in_use * s.classes[k].size;
+    CHECK_EQ(small_live + s.bytes_free_tcaches + s.bytes_free_central + s.bytes_span_waste, s.bytes_small_spans);
+    kp_free(big);
+    kp_pool_free(pool, pb);
+    kp_pool_destroy(pool);
+    kp_arena_destroy(ar);
+}
+
+static void test_print(void) {
+    FILE *f = tmpfile();
+    kp_stats_print(f);
+    long n = ftell(f);
+    CHECK(n > 200);
+    rewind(f);
+    char line[256];
+    CHECK(fgets(line, sizeof line, f) && strstr(line, "kpool"));
+    fclose(f);
+}
+
+int main(void) {
+    _kp_init();
+    RUN(test_versioned_struct);
+    RUN(test_counts_and_gauges);
+    RUN(test_requested_and_internal_fragmentation);
+    RUN(test_reset_zeroes_events_not_gauges);
+    RUN(test_lock_contention_is_counted);
+    RUN(test_external_fragmentation);
+    RUN(test_bytes_mapped_is_accounted_for);
+    RUN(test_print);
+    return DONE();
+}
