@@ -177,12 +177,28 @@ static void thread_exit(void *arg) {
     destroy_cache(tc);
 }
 
+/* A thread that was inside its fast path when another thread forked left
+ * count and bytes out of step with its lists (each list head is always
+ * whole: it is one store). Recount from the links. */
+static void recount(kp_tcache *tc) {
+    tc->bytes = 0;
+    for (unsigned c = 1; c < KP_NUM_CLASSES; c++) {
+        uint32_t n = 0;
+        for (void *p = tc->lists[c].head; p; p = *(void **)p) n++;
+        KP_STORE(tc->lists[c].count, n);
+        tc->bytes += (size_t)n * _kp_classes[c].size;
+    }
+}
+
 void _kp_tcache_after_fork_child(void) {
     kp_tcache *mine = _kp_tls_tcache;
     kp_tcache *tc = registry.reg_next;
     while (tc != &registry) {
         kp_tcache *next = tc->reg_next;
-        if (tc != mine) destroy_cache(tc);
+        if (tc != mine) {
+            recount(tc);
+            destroy_cache(tc);
+        }
         tc = next;
     }
 }
