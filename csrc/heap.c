@@ -76,13 +76,12 @@ static void *small_alloc_slow(unsigned cls, size_t size) {
         if (p) {
             l->head = *(void **)p;
             KP_STORE(l->count, KP_LOAD(l->count) - 1);
-            tc->bytes -= _kp_classes[cls].size;
         } else {
             p = _kp_tcache_refill(tc, cls);
         }
         if (p) {
             KP_STAT_BUMP(l->allocs, 1);
-            KP_STAT_BUMP(tc->counters.requested_alloc, size);
+            KP_STAT_BUMP(tc->counters.requested, size);
         }
     }
     if (!p) {
@@ -93,7 +92,7 @@ static void *small_alloc_slow(unsigned cls, size_t size) {
     return p;
 }
 
-static inline void *small_alloc(unsigned cls, size_t size) {
+static inline __attribute__((always_inline)) void *small_alloc(unsigned cls, size_t size) {
     kp_tcache *tc = _kp_tls_tcache;
     if (KP_LIKELY(tc != NULL)) {
         kp_tlist *l = &tc->lists[cls];
@@ -101,9 +100,8 @@ static inline void *small_alloc(unsigned cls, size_t size) {
         if (KP_LIKELY(p != NULL)) {
             l->head = *(void **)p;
             KP_STORE(l->count, KP_LOAD(l->count) - 1);
-            tc->bytes -= _kp_classes[cls].size;
             KP_STAT_BUMP(l->allocs, 1);
-            KP_STAT_BUMP(tc->counters.requested_alloc, size);
+            KP_STAT_BUMP(tc->counters.requested, size);
             if (KP_DEBUG) (void)DEBUG_MARK(p, 1, "kp_malloc");
             return p;
         }
@@ -113,39 +111,45 @@ static inline void *small_alloc(unsigned cls, size_t size) {
 
 #define UNKNOWN_SIZE ((size_t)-1)
 
-/* Push p (class cls, `requested` bytes or UNKNOWN_SIZE) on this thread's
- * list. */
-static void small_free(void *p, unsigned cls, size_t requested, const char *call) {
-    if (KP_DEBUG && DEBUG_MARK(p, 0, call) != 0) return;
-    kp_tcache *tc = _kp_tls_tcache;
-    if (KP_UNLIKELY(tc == NULL)) {
-        tc = _kp_tcache_get();
-        if (!tc) {
-            *(void **)p = NULL;
-            _kp_central_return(cls, p, 1);
-            _kp_tcache_count_uncached(cls, 0, requested != UNKNOWN_SIZE ? requested : _kp_classes[cls].size);
-            return;
-        }
-    }
+/* Push p (class cls, `requested` bytes or UNKNOWN_SIZE) on tc's list. */
+static inline __attribute__((always_inline)) void small_push(kp_tcache *tc, void *p, unsigned cls, size_t requested,
+                                                             const char *call) {
     kp_tlist *l = &tc->lists[cls];
-    if (KP_UNLIKELY(l->head == p)) {
+    void *head = l->head;
+    if (KP_UNLIKELY(head == p)) {
         _kp_error(call, p, "double free (block is already at the head of this thread's free list)");
         return;
     }
-    const size_t size = _kp_classes[cls].size;
-    *(void **)p = l->head;
+    *(void **)p = head;
     l->head = p;
     uint32_t n = KP_LOAD(l->count) + 1;
     KP_STORE(l->count, n);
-    tc->bytes += size;
-    KP_STAT_BUMP(l->frees, 1);
-    if (requested != UNKNOWN_SIZE) {
-        KP_STAT_BUMP(tc->counters.requested_free, requested);
-    } else {
-        KP_STAT_BUMP(tc->counters.requested_free, size);
-        KP_STAT_BUMP(tc->counters.unsized_frees, 1);
+    if (requested != UNKNOWN_SIZE) KP_STAT_BUMP(tc->counters.requested, -(uint64_t)requested);
+    else KP_STAT_BUMP(l->unsized_frees, 1);
+    if (KP_UNLIKELY(n > l->max)) _kp_tcache_overflow(tc, cls);
+}
+
+/* A free by a thread whose cache does not exist yet (or any more). */
+static __attribute__((noinline)) void small_free_uncached(void *p, unsigned cls, size_t requested, const char *call) {
+    kp_tcache *tc = _kp_tcache_get();
+    if (tc) {
+        small_push(tc, p, cls, requested, call);
+        return;
     }
-    if (KP_UNLIKELY(n > l->max || tc->bytes > KP_TCACHE_MAX_BYTES)) _kp_tcache_overflow(tc, cls);
+    *(void **)p = NULL;
+    _kp_central_return(cls, p, 1);
+    _kp_tcache_count_uncached(cls, 0, requested != UNKNOWN_SIZE ? requested : _kp_classes[cls].size);
+}
+
+static inline __attribute__((always_inline)) void small_free(void *p, unsigned cls, size_t requested,
+                                                             const char *call) {
+    if (KP_DEBUG && DEBUG_MARK(p, 0, call) != 0) return;
+    kp_tcache *tc = _kp_tls_tcache;
+    if (KP_UNLIKELY(tc == NULL)) {
+        small_free_uncached(p, cls, requested, call);
+        return;
+    }
+    small_push(tc, p, cls, requested, call);
 }
 
 /* ---- large blocks ----------------------------------------------------------------- */
@@ -201,7 +205,8 @@ static void free_other(void *p, const char *call) {
 /* ---- public API ---------------------------------------------------------------------- */
 
 void *kp_malloc(size_t size) {
-    if (KP_LIKELY(size <= KP_SMALL_MAX)) return small_alloc(_kp_size_class(size), size);
+    if (KP_LIKELY(size <= KP_FINE_MAX)) return small_alloc(_kp_class_fine[(size + KP_FINE_STEP - 1) / KP_FINE_STEP], size);
+    if (size <= KP_SMALL_MAX) return small_alloc(_kp_class_coarse[(size + KP_COARSE_STEP - 1) / KP_COARSE_STEP], size);
     return large_alloc(size, KP_PAGE_SIZE);
 }
 
@@ -229,10 +234,11 @@ void kp_free(void *p) {
 
 void kp_free_sized(void *p, size_t size) {
     /* The class byte is read anyway: it costs one load and makes a wrong
-     * size (or a block from kp_aligned_alloc) harmless. */
+     * size (or a block from kp_aligned_alloc) harmless to the heap; only the
+     * requested-bytes figure would be off, and a KP_DEBUG build reports it. */
     unsigned cls = _kp_pagemap_class(p);
     if (KP_LIKELY(small_class_ok(cls))) {
-        if (KP_UNLIKELY(size > _kp_classes[cls].size)) {
+        if (KP_DEBUG && size > _kp_classes[cls].size) {
             _kp_error("kp_free_sized", p, "size is larger than the block");
             return;
         }

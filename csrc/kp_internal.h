@@ -162,8 +162,8 @@ KP_INTERNAL void _kp_tcache_flush_thread(kp_tcache *tc);       /* lists and pool
 KP_INTERNAL void _kp_tcache_count_uncached(unsigned cls, int is_alloc, size_t requested);
 /* Set by pool.c: gives a thread's pool caches back (flush, thread exit). */
 KP_INTERNAL extern void (*_kp_tcache_pool_hook)(kp_tcache *tc);
-/* Counters of exited threads. REQUIRES registry lock to read. */
-KP_INTERNAL const kp_tcache *_kp_tcache_retired(void);
+/* Every thread's counters, exited threads' included. Takes the registry lock. */
+KP_INTERNAL void _kp_tcache_totals(kp_tcache_totals *out);
 KP_INTERNAL kp_tcache *_kp_registry_next(kp_tcache *tc);  /* REQUIRES registry lock */
 KP_INTERNAL void _kp_registry_lock(void);
 KP_INTERNAL void _kp_registry_unlock(void);

@@ -142,14 +142,24 @@ typedef struct kp_central {
 /* ---- thread cache ---------------------------------------------------------
  * Owned by one thread. head/count are its LIFO list; count and the counters
  * are atomics only so that stats readers in other threads do not race: the
- * owner updates them with relaxed load + store (plain moves on x86).      */
+ * owner updates them with relaxed load + store (plain moves on x86).
+ * The byte cap costs nothing per operation: every list has a maximum length,
+ * and the sum over lists of max * size (budget_used) stays within
+ * KP_TCACHE_MAX_BYTES; a list that wants to grow past it takes budget from
+ * the list holding the most. Frees are not counted per operation: per class,
+ *   frees == allocs + count - fetched + returned.                          */
 typedef struct kp_tlist {
     void *head;
-    _Atomic uint32_t count;
+    _Atomic uint32_t count;         /* count <= max */
     uint32_t max;
     _Atomic uint64_t allocs;
-    _Atomic uint64_t frees;
+    _Atomic uint64_t unsized_frees; /* frees that did not tell the request size */
 } kp_tlist;
+
+typedef struct kp_tmoves {          /* objects moved by the slow paths */
+    _Atomic uint64_t fetched;       /* central -> this list */
+    _Atomic uint64_t returned;      /* this list -> central */
+} kp_tmoves;
 
 typedef struct kp_pool_cache {      /* a thread's cache of one unbounded pool */
     _Atomic uint64_t pool_id;       /* 0: unused; else the pool it caches */
@@ -162,20 +172,27 @@ typedef struct kp_pool_cache {      /* a thread's cache of one unbounded pool */
 
 typedef struct kp_thread_counters {  /* per thread; summed on read */
     _Atomic uint64_t tcache_misses;
-    _Atomic uint64_t central_fetches;
-    _Atomic uint64_t central_returns;
-    _Atomic uint64_t requested_alloc;   /* bytes requested by allocations */
-    _Atomic uint64_t requested_free;    /* bytes requested, as told at free */
-    _Atomic uint64_t unsized_frees;     /* frees whose request size was not told */
+    _Atomic uint64_t central_fetches;   /* batches */
+    _Atomic uint64_t central_returns;   /* batches */
+    _Atomic uint64_t requested;         /* + request at alloc, - request at sized free (wraps) */
 } kp_thread_counters;
 
 typedef struct kp_tcache {
     kp_tlist lists[KP_NUM_CLASSES];
-    size_t bytes;                   /* free bytes held in lists */
     kp_thread_counters counters;
+    size_t budget_used;             /* sum of max * size over lists */
+    kp_tmoves moves[KP_NUM_CLASSES];
     struct kp_tcache *reg_next, *reg_prev; /* registry, under the registry lock */
     pthread_t thread;
     kp_pool_cache pools[KP_POOL_SLOTS];
 } kp_tcache;
+
+/* Sums over every thread, live and exited (tcache.c). */
+typedef struct kp_tcache_totals {
+    uint64_t allocs[KP_NUM_CLASSES], frees[KP_NUM_CLASSES], unsized[KP_NUM_CLASSES];
+    size_t cached[KP_NUM_CLASSES];  /* free objects in caches now */
+    uint64_t tcache_misses, central_fetches, central_returns, requested;
+    size_t threads;
+} kp_tcache_totals;
 
 #endif /* KP_TYPES_H */

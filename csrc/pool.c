@@ -248,9 +248,14 @@ void kp_pool_destroy(kp_pool *pool) {
 /* 1 if p lies at a block boundary inside one of pool's chunks. Lock-free:
  * the class byte says "pool chunk", and a chunk's fields do not change
  * while it has a live block. */
-static int block_ok(const kp_pool *pool, const void *p) {
-    if (_kp_pagemap_class(p) != KP_CLASS_POOL) return 0;
-    kp_span *s = _kp_pagemap_get((uintptr_t)p >> KP_PAGE_SHIFT);
+static inline __attribute__((always_inline)) int block_ok(const kp_pool *pool, const void *p) {
+    uintptr_t pn = (uintptr_t)p >> KP_PAGE_SHIFT;
+    if (KP_UNLIKELY(pn >> KP_PAGEMAP_BITS)) return 0;
+    kp_pagemap_leaf *leaf = atomic_load_explicit(&_kp_pagemap_root[pn >> KP_LEAF_BITS], memory_order_acquire);
+    if (!leaf) return 0;
+    pn &= KP_LEAF_PAGES - 1;
+    if (atomic_load_explicit(&leaf->classes[pn], memory_order_relaxed) != KP_CLASS_POOL) return 0;
+    kp_span *s = atomic_load_explicit(&leaf->spans[pn], memory_order_acquire);
     if (!s || s->owner != pool) return 0;
     uint64_t off = (uintptr_t)p - (s->start << KP_PAGE_SHIFT);
     if (off >= (uint64_t)s->capacity * pool->block_size) return 0;
@@ -260,7 +265,7 @@ static int block_ok(const kp_pool *pool, const void *p) {
     return off >> 32 ? off % pool->block_size == 0 : rem == 0;
 }
 
-static void report_bad_free(kp_pool *pool, void *p) {
+static __attribute__((noinline)) void report_bad_free(kp_pool *pool, void *p) {
     if (kp_owns(p)) _kp_error("kp_pool_free", p, "pointer is not a block of this pool");
     else _kp_error("kp_pool_free", p, "pointer was not allocated by kpool");
     (void)pool;
@@ -268,7 +273,7 @@ static void report_bad_free(kp_pool *pool, void *p) {
 
 /* ---- locked mode ------------------------------------------------------------------------ */
 
-static void *locked_alloc(kp_pool *pool) {
+static __attribute__((noinline)) void *locked_alloc(kp_pool *pool) {
     _kp_lock(&pool->lock);
     void *p = pool->free_list;
     if (p) {
@@ -293,7 +298,7 @@ static void *locked_alloc(kp_pool *pool) {
     return p;
 }
 
-static void locked_free(kp_pool *pool, void *p) {
+static __attribute__((noinline)) void locked_free(kp_pool *pool, void *p) {
     _kp_lock(&pool->lock);
     if (pool->free_list == p || pool->live == 0) {
         _kp_unlock(&pool->lock);
@@ -310,22 +315,24 @@ static void locked_free(kp_pool *pool, void *p) {
 
 /* ---- cached mode --------------------------------------------------------------------------- */
 
+static __attribute__((noinline)) void claim_cache(kp_pool_cache *pc, uint64_t id) {
+    pc->head = NULL;
+    KP_STORE(pc->count, 0);
+    KP_STORE(pc->allocs, 0);
+    KP_STORE(pc->frees, 0);
+    KP_STORE(pc->hits, 0);
+    KP_STORE(pc->pool_id, id);
+}
+
 /* This thread's cache for pool, claimed if its slot held a dead pool's. */
-static kp_pool_cache *cache_of(kp_tcache *tc, kp_pool *pool) {
+static inline kp_pool_cache *cache_of(kp_tcache *tc, kp_pool *pool) {
     kp_pool_cache *pc = &tc->pools[pool->slot];
-    if (KP_UNLIKELY(KP_LOAD(pc->pool_id) != pool->id)) {
-        pc->head = NULL;
-        KP_STORE(pc->count, 0);
-        KP_STORE(pc->allocs, 0);
-        KP_STORE(pc->frees, 0);
-        KP_STORE(pc->hits, 0);
-        KP_STORE(pc->pool_id, pool->id);
-    }
+    if (KP_UNLIKELY(KP_LOAD(pc->pool_id) != pool->id)) claim_cache(pc, pool->id);
     return pc;
 }
 
 /* Move the first n blocks of pc onto the shared stack; -1 if no descriptor. */
-static int push_batch(kp_pool *pool, kp_pool_cache *pc, uint32_t n) {
+static __attribute__((noinline)) int push_batch(kp_pool *pool, kp_pool_cache *pc, uint32_t n) {
     kp_batch *b = descriptor_get(pool);
     if (!b) return -1;
     void *head = pc->head, *last = head;
@@ -349,7 +356,7 @@ static void note_high_water(kp_pool *pool, size_t pending) {
     if (live > pool->high_water) pool->high_water = live;
 }
 
-static void *cached_alloc_slow(kp_pool *pool) {
+static __attribute__((noinline)) void *cached_alloc_slow(kp_pool *pool) {
     kp_tcache *tc = _kp_tcache_get();
     if (!tc) return locked_alloc(pool);
     kp_pool_cache *pc = cache_of(tc, pool);
@@ -403,9 +410,20 @@ void *kp_pool_alloc(kp_pool *pool) {
     return cached_alloc_slow(pool);
 }
 
-void kp_pool_free(kp_pool *pool, void *p) {
+static inline __attribute__((always_inline)) void cached_push(kp_pool *pool, kp_pool_cache *pc, void *p) {
+    *(void **)p = pc->head;
+    pc->head = p;
+    uint32_t n = KP_LOAD(pc->count) + 1;
+    KP_STORE(pc->count, n);
+    KP_BUMP(pc->frees, 1);
+    if (KP_UNLIKELY(n > 2 * pool->batch)) (void)push_batch(pool, pc, pool->batch);
+}
+
+/* Everything but the common case: bad pointers, locked mode, a thread
+ * without a cache yet, a cache slot left by a destroyed pool, double frees. */
+static __attribute__((noinline)) void pool_free_slow(kp_pool *pool, void *p) {
     if (!p) return;
-    if (KP_UNLIKELY(!pool || !block_ok(pool, p))) {
+    if (!pool || !block_ok(pool, p)) {
         report_bad_free(pool, p);
         return;
     }
@@ -413,30 +431,34 @@ void kp_pool_free(kp_pool *pool, void *p) {
         locked_free(pool, p);
         return;
     }
-    kp_tcache *tc = _kp_tls_tcache;
-    if (KP_UNLIKELY(!tc)) {
-        tc = _kp_tcache_get();
-        if (!tc) {                 /* thread exiting: the pool's own list */
-            _kp_lock(&pool->lock);
-            *(void **)p = pool->free_list;
-            pool->free_list = p;
-            pool->free_count++;
-            KP_BUMP(pool->frees, 1);
-            _kp_unlock(&pool->lock);
-            return;
-        }
+    kp_tcache *tc = _kp_tcache_get();
+    if (!tc) {                     /* thread exiting: the pool's own list */
+        _kp_lock(&pool->lock);
+        *(void **)p = pool->free_list;
+        pool->free_list = p;
+        pool->free_count++;
+        KP_BUMP(pool->frees, 1);
+        _kp_unlock(&pool->lock);
+        return;
     }
     kp_pool_cache *pc = cache_of(tc, pool);
-    if (KP_UNLIKELY(pc->head == p)) {
+    if (pc->head == p) {
         _kp_error("kp_pool_free", p, "double free (block is already at the head of this thread's cache)");
         return;
     }
-    *(void **)p = pc->head;
-    pc->head = p;
-    uint32_t n = KP_LOAD(pc->count) + 1;
-    KP_STORE(pc->count, n);
-    KP_BUMP(pc->frees, 1);
-    if (KP_UNLIKELY(n > 2 * pool->batch)) (void)push_batch(pool, pc, pool->batch);
+    cached_push(pool, pc, p);
+}
+
+void kp_pool_free(kp_pool *pool, void *p) {
+    kp_tcache *tc = _kp_tls_tcache;
+    if (KP_LIKELY(p && pool && pool->slot >= 0 && tc && block_ok(pool, p))) {
+        kp_pool_cache *pc = &tc->pools[pool->slot];
+        if (KP_LIKELY(KP_LOAD(pc->pool_id) == pool->id && pc->head != p)) {
+            cached_push(pool, pc, p);
+            return;
+        }
+    }
+    pool_free_slow(pool, p);
 }
 
 /* Give a thread's caches back to their pools (thread exit, kp_thread_flush).

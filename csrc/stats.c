@@ -14,36 +14,22 @@
  * largest piece is the largest free span, or the largest class with a free
  * object if that is bigger.
  * Calls: tcache (registry), central, pageheap, heap (large figures), os.
- * Locks: the registry lock (also guards the baseline), then each central
- * lock's counters are read with relaxed loads; the page heap lock for its
- * figures, taken after the registry lock is dropped.
+ * Locks: the registry lock (inside _kp_tcache_totals), then the page heap
+ * lock, one after the other; counters of the other locks are read with
+ * relaxed loads. The baseline has a mutex of its own, taken alone.
  */
 #include "kp_internal.h"
 
 #include <stdlib.h>
 
 typedef struct counters {
-    uint64_t allocs[KP_NUM_CLASSES], frees[KP_NUM_CLASSES];
-    uint64_t tcache_misses, central_fetches, central_returns, requested_alloc, requested_free, unsized_frees;
+    kp_tcache_totals t;
     uint64_t large_allocs, large_frees, grows, os_releases;
     uint64_t lock_acquires, lock_contended, lock_wait_ns;
 } counters;
 
-static counters baseline;   /* under the registry lock */
-
-static void add_cache(counters *c, const kp_tcache *tc, size_t *cached) {
-    for (unsigned k = 1; k < KP_NUM_CLASSES; k++) {
-        c->allocs[k] += KP_LOAD(tc->lists[k].allocs);
-        c->frees[k] += KP_LOAD(tc->lists[k].frees);
-        if (cached) cached[k] += KP_LOAD(tc->lists[k].count);
-    }
-    c->tcache_misses += KP_LOAD(tc->counters.tcache_misses);
-    c->central_fetches += KP_LOAD(tc->counters.central_fetches);
-    c->central_returns += KP_LOAD(tc->counters.central_returns);
-    c->requested_alloc += KP_LOAD(tc->counters.requested_alloc);
-    c->requested_free += KP_LOAD(tc->counters.requested_free);
-    c->unsized_frees += KP_LOAD(tc->counters.unsized_frees);
-}
+static pthread_mutex_t baseline_lock = PTHREAD_MUTEX_INITIALIZER;
+static counters baseline;   /* under baseline_lock */
 
 static void add_lock(counters *c, kp_lock *l) {
     c->lock_acquires += KP_LOAD(l->acquires);
@@ -51,22 +37,20 @@ static void add_lock(counters *c, kp_lock *l) {
     c->lock_wait_ns += KP_LOAD(l->wait_ns);
 }
 
-/* Raw totals since start. REQUIRES registry lock. */
-static void collect(counters *c, size_t *cached, size_t *threads) {
+/* Raw totals since start. */
+static void collect(counters *c) {
     memset(c, 0, sizeof *c);
-    size_t n = 0;
-    for (kp_tcache *tc = _kp_registry_first(); tc; tc = _kp_registry_next(tc)) {
-        add_cache(c, tc, cached);
-        n++;
-    }
-    add_cache(c, _kp_tcache_retired(), NULL);
+    _kp_tcache_totals(&c->t);
     for (unsigned k = 0; k < KP_NUM_CLASSES; k++) add_lock(c, &_kp_central(k)->lock);
     add_lock(c, _kp_pageheap_lock());
     add_lock(c, _kp_meta_lock());
     add_lock(c, _kp_registry_lock_ptr());
     size_t lb, lr;
     _kp_heap_large_figures(&lb, &lr, &c->large_allocs, &c->large_frees);
-    if (threads) *threads = n;
+    kp_pageheap_figures ph;
+    _kp_pageheap_figures(&ph);
+    c->grows = ph.grows;
+    c->os_releases = ph.os_releases;
 }
 
 static uint64_t since(uint64_t now, uint64_t base) { return now >= base ? now - base : 0; }
@@ -84,16 +68,13 @@ int kp_stats_get(kp_stats *out) {
         return -1;
     }
     counters now, base;
-    size_t cached[KP_NUM_CLASSES] = {0};
-    _kp_registry_lock();
-    collect(&now, cached, &st->threads);
+    collect(&now);
+    pthread_mutex_lock(&baseline_lock);
     base = baseline;
-    _kp_registry_unlock();
-
+    pthread_mutex_unlock(&baseline_lock);
+    st->threads = now.t.threads;
     kp_pageheap_figures ph;
     _kp_pageheap_figures(&ph);
-    now.grows = ph.grows;
-    now.os_releases = ph.os_releases;
     size_t large_bytes, large_requested;
     uint64_t la, lf;
     _kp_heap_large_figures(&large_bytes, &large_requested, &la, &lf);
@@ -102,19 +83,21 @@ int kp_stats_get(kp_stats *out) {
     st->enabled = KP_STATS;
     st->nclasses = KP_NUM_CLASSES - 1;
     size_t in_use_small = 0, free_tc = 0, free_central = 0, capacity_bytes = 0, largest_class_free = 0;
-    uint64_t allocs = 0, frees = 0;
+    uint64_t allocs = 0, frees = 0, unsized = 0, unsized_bytes = 0;
     for (unsigned k = 1; k < KP_NUM_CLASSES; k++) {
         kp_class_stats *cs = &st->classes[k - 1];
         const kp_class_info *ci = &_kp_classes[k];
         kp_central *c = _kp_central(k);
-        int64_t live = (int64_t)(now.allocs[k] - now.frees[k]);
+        int64_t live = (int64_t)(now.t.allocs[k] - now.t.frees[k]);
         cs->size = ci->size;
         cs->in_use = live > 0 ? (size_t)live : 0;
-        cs->free_in_tcaches = cached[k];
+        cs->free_in_tcaches = now.t.cached[k];
         cs->free_in_central = KP_LOAD(c->free_objects);
         cs->spans = KP_LOAD(c->spans);
-        cs->allocs = since(now.allocs[k], base.allocs[k]);
-        cs->frees = since(now.frees[k], base.frees[k]);
+        cs->allocs = since(now.t.allocs[k], base.t.allocs[k]);
+        cs->frees = since(now.t.frees[k], base.t.frees[k]);
+        unsized_bytes += now.t.unsized[k] * ci->size;
+        unsized += now.t.unsized[k];
         in_use_small += cs->in_use * ci->size;
         free_tc += cs->free_in_tcaches * ci->size;
         free_central += cs->free_in_central * ci->size;
@@ -124,10 +107,10 @@ int kp_stats_get(kp_stats *out) {
         frees += cs->frees;
     }
     st->bytes_in_use = in_use_small + large_bytes;
-    uint64_t req = now.requested_alloc > now.requested_free ? now.requested_alloc - now.requested_free : 0;
-    st->bytes_requested = (size_t)req + large_requested;
+    int64_t req = (int64_t)(now.t.requested - unsized_bytes);
+    st->bytes_requested = (req > 0 ? (size_t)req : 0) + large_requested;
     if (st->bytes_requested > st->bytes_in_use) st->bytes_requested = st->bytes_in_use;
-    st->requested_exact = now.unsized_frees == 0;
+    st->requested_exact = unsized == 0;
     st->bytes_mapped = ph.mapped;
     st->bytes_released = ph.released;
     st->bytes_free_tcaches = free_tc;
@@ -143,11 +126,11 @@ int kp_stats_get(kp_stats *out) {
 
     st->allocs = allocs + since(now.large_allocs, base.large_allocs);
     st->frees = frees + since(now.large_frees, base.large_frees);
-    uint64_t misses = since(now.tcache_misses, base.tcache_misses);
+    uint64_t misses = since(now.t.tcache_misses, base.t.tcache_misses);
     st->tcache_misses = misses;
     st->tcache_hits = allocs > misses ? allocs - misses : 0;
-    st->central_fetches = since(now.central_fetches, base.central_fetches);
-    st->central_returns = since(now.central_returns, base.central_returns);
+    st->central_fetches = since(now.t.central_fetches, base.t.central_fetches);
+    st->central_returns = since(now.t.central_returns, base.t.central_returns);
     st->pageheap_grows = since(now.grows, base.grows);
     st->large_allocs = since(now.large_allocs, base.large_allocs);
     st->lock_acquires = since(now.lock_acquires, base.lock_acquires);
@@ -158,6 +141,7 @@ int kp_stats_get(kp_stats *out) {
     st->internal_fragmentation =
         st->bytes_in_use ? 1.0 - (double)st->bytes_requested / (double)st->bytes_in_use : 0.0;
     size_t held = free_tc + free_central + ph.free_bytes;
+    (void)la; (void)lf;
     size_t largest = ph.largest_free > largest_class_free ? ph.largest_free : largest_class_free;
     st->external_fragmentation = held ? 1.0 - (double)(largest < held ? largest : held) / (double)held : 0.0;
 
@@ -171,14 +155,10 @@ int kp_stats_get(kp_stats *out) {
 void kp_stats_reset(void) {
     _kp_init();
     counters now;
-    kp_pageheap_figures ph;
-    _kp_pageheap_figures(&ph);
-    _kp_registry_lock();
-    collect(&now, NULL, NULL);
-    now.grows = ph.grows;
-    now.os_releases = ph.os_releases;
+    collect(&now);
+    pthread_mutex_lock(&baseline_lock);
     baseline = now;
-    _kp_registry_unlock();
+    pthread_mutex_unlock(&baseline_lock);
 }
 
 static void human(char *buf, size_t n, double bytes) {

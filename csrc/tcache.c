@@ -3,12 +3,15 @@
  * Job: one LIFO list per size class per thread, used by kp_malloc/kp_free
  * (heap.c) with no locks and no atomic read-modify-writes. An empty list is
  * refilled with one batch from the central list; a list longer than its
- * class's tcache_max gives one batch back; a cache holding more than
- * KP_TCACHE_MAX_BYTES gives back half of its largest list (in bytes). When a
- * thread exits, a pthread key destructor gives everything back, so threads
- * that never call kpool at exit are covered too.
- * Calls: central (batches), pool (dropping pool caches), stats (absorb).
- * Invariants: count == length of head's list; bytes == sum(count * size);
+ * max gives one batch back. The byte cap is a budget of list lengths: a list
+ * grows its max (up to its class's tcache_max) while sum(max * size) stays
+ * within KP_TCACHE_MAX_BYTES, else it takes budget from the list with the
+ * most, which gives back what no longer fits. When a thread exits, a pthread
+ * key destructor gives everything back, so threads that never call kpool at
+ * exit are covered too.
+ * Calls: central (batches), pool (through a hook: dropping pool caches).
+ * Invariants: count == length of head's list <= max;
+ *   budget_used == sum(max * size) <= KP_TCACHE_MAX_BYTES;
  *   a cache is on the registry from creation until its thread's destructor.
  * Locks: the registry lock guards the list of caches (stats readers walk it;
  *   creation and exit update it). The owner never takes it on the fast path.
@@ -23,9 +26,9 @@ static __thread int tls_exited __attribute__((tls_model("initial-exec")));
 
 static kp_lock registry_lock = { .mutex = PTHREAD_MUTEX_INITIALIZER };
 static kp_tcache registry = { .reg_next = &registry, .reg_prev = &registry };
-/* What exited threads (and threads without a cache) counted; its lists'
- * counters and `counters` are written under the registry lock. */
-static kp_tcache retired;
+/* What exited threads (and threads without a cache) counted; written and
+ * read under the registry lock. */
+static kp_tcache_totals retired;
 
 void (*_kp_tcache_pool_hook)(kp_tcache *tc);
 static pthread_key_t exit_key;
@@ -34,8 +37,6 @@ static pthread_once_t key_once = PTHREAD_ONCE_INIT;
 void _kp_registry_lock(void) { _kp_lock(&registry_lock); }
 void _kp_registry_unlock(void) { _kp_unlock(&registry_lock); }
 kp_lock *_kp_registry_lock_ptr(void) { return &registry_lock; }
-const kp_tcache *_kp_tcache_retired(void) { return &retired; }
-
 kp_tcache *_kp_registry_first(void) {
     return registry.reg_next == &registry ? NULL : registry.reg_next;
 }
@@ -55,7 +56,6 @@ kp_tcache *_kp_tcache_get(void) {
     tc = _kp_meta_alloc(sizeof(kp_tcache));
     if (!tc) return NULL;
     memset(tc, 0, sizeof *tc);
-    for (unsigned c = 1; c < KP_NUM_CLASSES; c++) tc->lists[c].max = _kp_classes[c].tcache_max;
     tc->thread = pthread_self();
     _kp_lock(&registry_lock);
     tc->reg_next = registry.reg_next;
@@ -83,38 +83,70 @@ static void give_back(kp_tcache *tc, unsigned cls, unsigned n) {
     if (n > KP_LOAD(l->count)) n = KP_LOAD(l->count);
     if (n == 0) return;
     void *chain = take_front(l, n);
-    tc->bytes -= (size_t)n * _kp_classes[cls].size;
     _kp_central_return(cls, chain, n);
+    KP_BUMP(tc->moves[cls].returned, n);
     KP_STAT_BUMP(tc->counters.central_returns, 1);
+}
+
+/* Lower list c's max by up to `bytes` worth; give back what no longer fits. */
+static size_t shrink(kp_tcache *tc, unsigned c, size_t bytes) {
+    kp_tlist *l = &tc->lists[c];
+    size_t size = _kp_classes[c].size;
+    uint32_t drop = (uint32_t)((bytes + size - 1) / size);
+    if (drop > l->max) drop = l->max;
+    l->max -= drop;
+    tc->budget_used -= (size_t)drop * size;
+    uint32_t n = KP_LOAD(l->count);
+    if (n > l->max) give_back(tc, c, n - l->max);
+    return (size_t)drop * size;
+}
+
+/* Raise cls's max by one batch, taking budget from the largest other list
+ * if the cap is reached. 1 if it grew. */
+static int grow(kp_tcache *tc, unsigned cls) {
+    const kp_class_info *ci = &_kp_classes[cls];
+    kp_tlist *l = &tc->lists[cls];
+    if (l->max >= ci->tcache_max) return 0;
+    size_t need = (size_t)ci->batch * ci->size;
+    while (tc->budget_used + need > KP_TCACHE_MAX_BYTES) {
+        unsigned victim = 0;
+        size_t most = 0;
+        for (unsigned c = 1; c < KP_NUM_CLASSES; c++) {
+            size_t b = (size_t)tc->lists[c].max * _kp_classes[c].size;
+            if (c != cls && b > most) { most = b; victim = c; }
+        }
+        if (!victim || most <= (size_t)l->max * ci->size) return 0;   /* cls already holds the most */
+        shrink(tc, victim, tc->budget_used + need - KP_TCACHE_MAX_BYTES);
+    }
+    l->max += ci->batch;
+    tc->budget_used += need;
+    return 1;
 }
 
 void *_kp_tcache_refill(kp_tcache *tc, unsigned cls) {
     kp_tlist *l = &tc->lists[cls];
+    unsigned want = _kp_classes[cls].batch;
+    if (l->max + 1 < want && !grow(tc, cls)) want = l->max + 1;
+    if (want > l->max + 1) want = l->max + 1;
     void *head, *tail;
-    unsigned got = _kp_central_fetch(cls, _kp_classes[cls].batch, &head, &tail);
+    unsigned got = _kp_central_fetch(cls, want, &head, &tail);
     if (got == 0) return NULL;
+    KP_BUMP(tc->moves[cls].fetched, got);
     KP_STAT_BUMP(tc->counters.tcache_misses, 1);
     KP_STAT_BUMP(tc->counters.central_fetches, 1);
     void *obj = head;
     *(void **)tail = l->head;
     l->head = *(void **)obj;
     KP_STORE(l->count, KP_LOAD(l->count) + got - 1);
-    tc->bytes += (size_t)(got - 1) * _kp_classes[cls].size;
     return obj;
 }
 
 void _kp_tcache_overflow(kp_tcache *tc, unsigned cls) {
     kp_tlist *l = &tc->lists[cls];
-    if (KP_LOAD(l->count) > l->max) give_back(tc, cls, _kp_classes[cls].batch);
-    if (tc->bytes > KP_TCACHE_MAX_BYTES) {
-        unsigned longest = 0;
-        size_t most = 0;
-        for (unsigned c = 1; c < KP_NUM_CLASSES; c++) {
-            size_t b = (size_t)KP_LOAD(tc->lists[c].count) * _kp_classes[c].size;
-            if (b > most) { most = b; longest = c; }
-        }
-        if (longest) give_back(tc, longest, (KP_LOAD(tc->lists[longest].count) + 1) / 2);
-    }
+    if (KP_LOAD(l->count) <= l->max || grow(tc, cls)) return;
+    unsigned n = KP_LOAD(l->count) - l->max;
+    unsigned batch = _kp_classes[cls].batch;
+    give_back(tc, cls, n > batch ? n : batch);
 }
 
 void _kp_tcache_flush_all(kp_tcache *tc) {
@@ -129,30 +161,42 @@ void _kp_tcache_flush_thread(kp_tcache *tc) {
     if (hook) hook(tc);
 }
 
-#define ABSORB(field) KP_BUMP(retired.field, KP_LOAD(tc->field))
-
-/* Fold tc's counters into `retired`. REQUIRES registry lock. */
-static void absorb(kp_tcache *tc) {
+/* Add tc's counters to t. REQUIRES registry lock. */
+static void add_totals(kp_tcache_totals *t, const kp_tcache *tc) {
     for (unsigned c = 1; c < KP_NUM_CLASSES; c++) {
-        ABSORB(lists[c].allocs);
-        ABSORB(lists[c].frees);
+        uint64_t allocs = KP_LOAD(tc->lists[c].allocs);
+        uint32_t count = KP_LOAD(tc->lists[c].count);
+        t->allocs[c] += allocs;
+        t->frees[c] += allocs + count - KP_LOAD(tc->moves[c].fetched) + KP_LOAD(tc->moves[c].returned);
+        t->unsized[c] += KP_LOAD(tc->lists[c].unsized_frees);
+        t->cached[c] += count;
     }
-    ABSORB(counters.tcache_misses);
-    ABSORB(counters.central_fetches);
-    ABSORB(counters.central_returns);
-    ABSORB(counters.requested_alloc);
-    ABSORB(counters.requested_free);
-    ABSORB(counters.unsized_frees);
+    t->tcache_misses += KP_LOAD(tc->counters.tcache_misses);
+    t->central_fetches += KP_LOAD(tc->counters.central_fetches);
+    t->central_returns += KP_LOAD(tc->counters.central_returns);
+    t->requested += KP_LOAD(tc->counters.requested);
+}
+
+void _kp_tcache_totals(kp_tcache_totals *out) {
+    _kp_lock(&registry_lock);
+    *out = retired;
+    size_t n = 0;
+    for (kp_tcache *tc = registry.reg_next; tc != &registry; tc = tc->reg_next) {
+        add_totals(out, tc);
+        n++;
+    }
+    _kp_unlock(&registry_lock);
+    out->threads = n;
 }
 
 void _kp_tcache_count_uncached(unsigned cls, int is_alloc, size_t requested) {
     _kp_lock(&registry_lock);
     if (is_alloc) {
-        KP_BUMP(retired.lists[cls].allocs, 1);
-        KP_BUMP(retired.counters.requested_alloc, requested);
+        retired.allocs[cls]++;
+        retired.requested += requested;
     } else {
-        KP_BUMP(retired.lists[cls].frees, 1);
-        KP_BUMP(retired.counters.requested_free, requested);
+        retired.frees[cls]++;
+        retired.requested -= requested;
     }
     _kp_unlock(&registry_lock);
 }
@@ -164,7 +208,8 @@ static void destroy_cache(kp_tcache *tc) {
     _kp_lock(&registry_lock);
     tc->reg_prev->reg_next = tc->reg_next;
     tc->reg_next->reg_prev = tc->reg_prev;
-    absorb(tc);
+    add_totals(&retired, tc);
+    for (unsigned c = 1; c < KP_NUM_CLASSES; c++) retired.cached[c] = 0;
     _kp_unlock(&registry_lock);
     _kp_meta_free(tc, sizeof(kp_tcache));
 }
@@ -178,15 +223,13 @@ static void thread_exit(void *arg) {
 }
 
 /* A thread that was inside its fast path when another thread forked left
- * count and bytes out of step with its lists (each list head is always
+ * count out of step with its list (each list head is always
  * whole: it is one store). Recount from the links. */
 static void recount(kp_tcache *tc) {
-    tc->bytes = 0;
     for (unsigned c = 1; c < KP_NUM_CLASSES; c++) {
         uint32_t n = 0;
         for (void *p = tc->lists[c].head; p; p = *(void **)p) n++;
         KP_STORE(tc->lists[c].count, n);
-        tc->bytes += (size_t)n * _kp_classes[c].size;
     }
 }
 

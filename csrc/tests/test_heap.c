@@ -159,11 +159,14 @@ static void test_misuse_reaches_the_handler(void) {
     kp_free(big2);
     /* a size larger than the block */
     void *s = kp_malloc(16);
-    kp_free_sized(s, 4000);
-    CHECK_EQ(handler_calls, 6);
+    if (KP_DEBUG) {
+        kp_free_sized(s, 4000);
+        CHECK_EQ(handler_calls, 6);
+        handler_calls = 5;
+    }
     kp_free_sized(s, 16);
     CHECK_EQ(kp_realloc(&local, 10) == NULL, 1);
-    CHECK_EQ(handler_calls, 7);
+    CHECK_EQ(handler_calls, 6);
     kp_set_error_handler(NULL);
 }
 
