@@ -1,0 +1,420 @@
+/* bufferpool.c: kpool.BufferPool, fixed-size buffers over a kp_pool.
+ *
+ * acquire() takes a block from the kp_pool and wraps it in a Block that
+ * holds a strong reference to the pool; the Block gives it back through
+ * kpy_bufferpool_put. The capacity is the kp_pool's (exact across threads).
+ *
+ * Waiting at capacity (timeout None or > 0): the waiter snapshots seq with
+ * the GIL held, releases the GIL and sleeps on cv until a releaser bumps seq
+ * or a slice of at most 50 ms passes; then it takes the GIL back, runs
+ * PyErr_CheckSignals (so Ctrl-C interrupts it) and tries again. Releasers
+ * run with the GIL held and take mu only when waiters > 0, so the fast path
+ * takes no lock of ours. Every kp_pool call is made with the GIL held, so
+ * close() cannot race with an acquire; a woken waiter checks `closed` first.
+ *
+ * Invariants (GIL held): in_use == Blocks of this pool not released;
+ * in_use <= capacity when bounded; closed implies in_use == 0 and pool NULL.
+ */
+#include "kpy.h"
+
+#include <errno.h>
+#include <math.h>
+#include <string.h>
+#include <time.h>
+
+#define WAIT_SLICE_NS 50000000LL  /* longest sleep between signal checks */
+
+/* Monotonic time in ns. */
+static int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+void kpy_bufferpool_put(kpy_bufferpool *self, char *ptr) {
+    kp_pool_free(self->pool, ptr);
+    self->in_use--;
+    self->idle++;
+    self->releases++;
+    if (self->waiters > 0) {
+        pthread_mutex_lock(&self->mu);
+        self->seq++;
+        pthread_cond_broadcast(&self->cv);
+        pthread_mutex_unlock(&self->mu);
+    }
+}
+
+/* Raise ValueError if the pool is closed; -1 then, else 0. */
+static int check_open(kpy_bufferpool *self) {
+    if (self->closed || !self->pool) {
+        PyErr_SetString(PyExc_ValueError, "operation on a closed BufferPool");
+        return -1;
+    }
+    return 0;
+}
+
+/* Raise PoolExhausted for an acquire refused at capacity. Returns NULL. */
+static PyObject *raise_exhausted(kpy_bufferpool *self, int waited) {
+    if (waited)
+        PyErr_Format(self->exhausted, "BufferPool exhausted: all %zu buffers are in use (timed out waiting)", self->capacity);
+    else
+        PyErr_Format(self->exhausted, "BufferPool exhausted: all %zu buffers are in use", self->capacity);
+    return NULL;
+}
+
+/* Sleep with the GIL released until seq moves past snap or until_ns passes.
+ * REQUIRES: GIL held on entry (it is released and taken back). */
+static void wait_for_release(kpy_bufferpool *self, uint64_t snap, int64_t until_ns) {
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&self->mu);
+    while (self->seq == snap) {
+        struct timespec ts = {(time_t)(until_ns / 1000000000LL), (long)(until_ns % 1000000000LL)};
+        if (pthread_cond_timedwait(&self->cv, &self->mu, &ts) == ETIMEDOUT) break;
+    }
+    pthread_mutex_unlock(&self->mu);
+    Py_END_ALLOW_THREADS
+}
+
+/* One block from the pool, waiting as the timeout says. Returns the block or
+ * NULL with an exception set. REQUIRES: GIL held, pool open. */
+static char *take_block(kpy_bufferpool *self, double timeout, int forever) {
+    char *p = kp_pool_alloc(self->pool);
+    if (p) return p;
+    if (errno != ENOBUFS) return PyErr_NoMemory(), NULL;
+    if (!forever && timeout <= 0.0) return raise_exhausted(self, 0), NULL;
+
+    kp_pool_note_wait(self->pool);
+    self->waits++;
+    int64_t deadline = forever ? INT64_MAX : now_ns() + (int64_t)(timeout * 1e9);
+    self->waiters++;
+    for (;;) {
+        uint64_t snap = self->seq;
+        p = kp_pool_alloc(self->pool);
+        if (p) break;
+        if (errno != ENOBUFS) {
+            PyErr_NoMemory();
+            break;
+        }
+        int64_t now = now_ns();
+        if (now >= deadline) {
+            self->timeouts++;
+            raise_exhausted(self, 1);
+            break;
+        }
+        int64_t until = deadline - now > WAIT_SLICE_NS ? now + WAIT_SLICE_NS : deadline;
+        wait_for_release(self, snap, until);
+        if (PyErr_CheckSignals() < 0) break;
+        if (check_open(self) < 0) break;
+    }
+    self->waiters--;
+    return p;
+}
+
+static const char *const acquire_kw[] = {"timeout", NULL};
+
+static PyObject *bufferpool_acquire(kpy_bufferpool *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    double timeout = 0.0;
+    int forever = 0;
+    if (nargs != 0 || kwnames) {
+        PyObject *o[1] = {NULL};
+        if (kpy_parse_args("acquire", args, nargs, kwnames, acquire_kw, 1, 0, o) < 0) return NULL;
+        if (o[0] && kpy_timeout_arg(o[0], &timeout, &forever) < 0) return NULL;
+    }
+    if (check_open(self) < 0) return NULL;
+    char *p = take_block(self, timeout, forever);
+    if (!p) return NULL;
+    if (self->zero) memset(p, 0, (size_t)self->buffer_size);
+    PyObject *b = kpy_block_new(self->block_type, p, self->buffer_size, KPY_POOL, (PyObject *)self, 0);
+    if (!b) {
+        kp_pool_free(self->pool, p);
+        return NULL;
+    }
+    self->acquires++;
+    self->in_use++;
+    if (self->idle > 0) self->idle--;
+    if (self->in_use > self->high_water) self->high_water = self->in_use;
+    return b;
+}
+
+static PyObject *bufferpool_release(kpy_bufferpool *self, PyObject *block) {
+    if (Py_TYPE(block) != self->block_type) {
+        PyErr_Format(PyExc_TypeError, "release() expects a kpool.Block, not %.100s", Py_TYPE(block)->tp_name);
+        return NULL;
+    }
+    kpy_block *b = (kpy_block *)block;
+    if (b->kind != KPY_POOL || b->owner != (PyObject *)self) {
+        PyErr_SetString(PyExc_ValueError, b->kind == KPY_POOL ? "this Block belongs to another BufferPool"
+                                                              : "this Block did not come from a BufferPool");
+        return NULL;
+    }
+    if (kpy_block_release(b) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* Pool statistics as a dict (new reference) or NULL. */
+static PyObject *bufferpool_stats(kpy_bufferpool *self, PyObject *unused) {
+    kp_pool_stats st;
+    memset(&st, 0, sizeof st);
+    st.struct_size = sizeof st;
+    if (self->pool && kp_pool_stats_get(self->pool, &st) < 0) return PyErr_SetFromErrno(PyExc_OSError);
+    uint64_t pre = (uint64_t)self->prealloc;
+    uint64_t misses = st.misses > pre ? st.misses - pre : 0;
+    if (misses > self->acquires) misses = self->acquires;
+    PyObject *d = PyDict_New();
+    if (!d) return NULL;
+    if (kpy_dict_steal(d, "acquires", PyLong_FromUnsignedLongLong(self->acquires)) < 0 ||
+        kpy_dict_steal(d, "releases", PyLong_FromUnsignedLongLong(self->releases)) < 0 ||
+        kpy_dict_steal(d, "hits", PyLong_FromUnsignedLongLong(self->acquires - misses)) < 0 ||
+        kpy_dict_steal(d, "misses", PyLong_FromUnsignedLongLong(misses)) < 0 ||
+        kpy_dict_steal(d, "high_water", PyLong_FromSsize_t(self->high_water)) < 0 ||
+        kpy_dict_steal(d, "waits", PyLong_FromUnsignedLongLong(self->waits)) < 0 ||
+        kpy_dict_steal(d, "timeouts", PyLong_FromUnsignedLongLong(self->timeouts)) < 0 ||
+        kpy_dict_steal(d, "exhausted", PyLong_FromUnsignedLongLong(st.exhausted)) < 0 ||
+        kpy_dict_steal(d, "in_use", PyLong_FromSsize_t(self->in_use)) < 0 ||
+        kpy_dict_steal(d, "idle", PyLong_FromSsize_t(self->idle)) < 0 ||
+        kpy_dict_steal(d, "prealloc", PyLong_FromSsize_t(self->prealloc)) < 0 ||
+        kpy_dict_steal(d, "capacity", self->capacity ? PyLong_FromSize_t(self->capacity) : Py_NewRef(Py_None)) < 0 ||
+        kpy_dict_steal(d, "buffer_size", PyLong_FromSsize_t(self->buffer_size)) < 0 ||
+        kpy_dict_steal(d, "block_size", PyLong_FromSize_t(self->block_size)) < 0 ||
+        kpy_dict_steal(d, "align", PyLong_FromSize_t(self->align)) < 0 ||
+        kpy_dict_steal(d, "bytes_mapped", PyLong_FromSize_t(st.bytes_mapped)) < 0 ||
+        kpy_dict_steal(d, "chunks", PyLong_FromSize_t(st.chunks)) < 0 ||
+        kpy_dict_steal(d, "pool_allocs", PyLong_FromUnsignedLongLong(st.allocs)) < 0 ||
+        kpy_dict_steal(d, "pool_frees", PyLong_FromUnsignedLongLong(st.frees)) < 0 ||
+        kpy_dict_steal(d, "pool_hits", PyLong_FromUnsignedLongLong(st.hits)) < 0 ||
+        kpy_dict_steal(d, "pool_misses", PyLong_FromUnsignedLongLong(st.misses)) < 0 ||
+        kpy_dict_steal(d, "pool_high_water", PyLong_FromSize_t(st.high_water)) < 0 ||
+        kpy_dict_steal(d, "closed", PyBool_FromLong(self->closed)) < 0) {
+        Py_DECREF(d);
+        return NULL;
+    }
+    return d;
+}
+
+static PyObject *bufferpool_trim(kpy_bufferpool *self, PyObject *unused) {
+    if (check_open(self) < 0) return NULL;
+    size_t released = kp_pool_trim(self->pool);
+    if (released > 0) {
+        /* whole chunks went: the idle buffers they held are gone */
+        Py_ssize_t gone = (Py_ssize_t)(released / self->block_size);
+        self->idle = (self->in_use == 0 || gone >= self->idle) ? 0 : self->idle - gone;
+    }
+    return PyLong_FromSize_t(released);
+}
+
+/* Close: 0 on success (also when closed already), -1 with BufferError. */
+static int do_close(kpy_bufferpool *self) {
+    if (self->closed) return 0;
+    if (self->in_use > 0) {
+        PyErr_Format(PyExc_BufferError, "cannot close a BufferPool while %zd buffer%s %s in use", self->in_use,
+                     self->in_use == 1 ? "" : "s", self->in_use == 1 ? "is" : "are");
+        return -1;
+    }
+    self->closed = 1;
+    kp_pool_destroy(self->pool);
+    self->pool = NULL;
+    self->idle = 0;
+    if (self->waiters > 0) {  /* woken waiters see closed and raise ValueError */
+        pthread_mutex_lock(&self->mu);
+        self->seq++;
+        pthread_cond_broadcast(&self->cv);
+        pthread_mutex_unlock(&self->mu);
+    }
+    return 0;
+}
+
+static PyObject *bufferpool_close(kpy_bufferpool *self, PyObject *unused) {
+    if (do_close(self) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *bufferpool_enter(kpy_bufferpool *self, PyObject *unused) {
+    if (check_open(self) < 0) return NULL;
+    return Py_NewRef((PyObject *)self);
+}
+
+static PyObject *bufferpool_exit(kpy_bufferpool *self, PyObject *args) {
+    if (do_close(self) < 0) return NULL;
+    Py_RETURN_FALSE;
+}
+
+static PyObject *get_buffer_size(kpy_bufferpool *self, void *c) { return PyLong_FromSsize_t(self->buffer_size); }
+static PyObject *get_capacity(kpy_bufferpool *self, void *c) {
+    return self->capacity ? PyLong_FromSize_t(self->capacity) : Py_NewRef(Py_None);
+}
+static PyObject *get_in_use(kpy_bufferpool *self, void *c) { return PyLong_FromSsize_t(self->in_use); }
+static PyObject *get_idle(kpy_bufferpool *self, void *c) { return PyLong_FromSsize_t(self->idle); }
+static PyObject *get_align(kpy_bufferpool *self, void *c) { return PyLong_FromSize_t(self->align); }
+static PyObject *get_zero(kpy_bufferpool *self, void *c) { return PyBool_FromLong(self->zero); }
+static PyObject *get_closed(kpy_bufferpool *self, void *c) { return PyBool_FromLong(self->closed); }
+
+static PyObject *bufferpool_repr(kpy_bufferpool *self) {
+    if (self->closed) return PyUnicode_FromFormat("<kpool.BufferPool buffer_size=%zd, closed>", self->buffer_size);
+    if (self->capacity)
+        return PyUnicode_FromFormat("<kpool.BufferPool buffer_size=%zd, capacity=%zu, in_use=%zd, idle=%zd>",
+                                    self->buffer_size, self->capacity, self->in_use, self->idle);
+    return PyUnicode_FromFormat("<kpool.BufferPool buffer_size=%zd, in_use=%zd, idle=%zd>", self->buffer_size,
+                                self->in_use, self->idle);
+}
+
+/* ---- construction ------------------------------------------------------------ */
+
+static PyObject *bufferpool_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"buffer_size", "capacity", "prealloc", "zero", "align", NULL};
+    PyObject *o_size, *o_cap = Py_None, *o_pre = NULL, *o_align = NULL;
+    int zero = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|$OOpO:BufferPool", kwlist, &o_size, &o_cap, &o_pre, &zero, &o_align))
+        return NULL;
+    Py_ssize_t size, capacity = 0, prealloc = 0;
+    size_t align = 64;
+    if (kpy_size_arg(o_size, "buffer_size", 0, &size) < 0) return NULL;
+    if ((size_t)size > KP_POOL_MAX_BLOCK) {
+        PyErr_Format(PyExc_ValueError, "buffer_size %zd is above the limit of %zu bytes", size, (size_t)KP_POOL_MAX_BLOCK);
+        return NULL;
+    }
+    if (o_cap != Py_None) {
+        if (kpy_size_arg(o_cap, "capacity", 0, &capacity) < 0) return NULL;
+        if ((uint64_t)capacity > ((uint64_t)1 << 40)) {
+            PyErr_SetString(PyExc_ValueError, "capacity is above the limit of 2**40 buffers");
+            return NULL;
+        }
+    }
+    if (o_pre && kpy_size_arg(o_pre, "prealloc", 1, &prealloc) < 0) return NULL;
+    if (o_align && kpy_align_arg(o_align, "align", KP_POOL_MAX_ALIGN, &align) < 0) return NULL;
+    if (capacity && prealloc > capacity) {
+        PyErr_Format(PyExc_ValueError, "prealloc (%zd) is larger than capacity (%zd)", prealloc, capacity);
+        return NULL;
+    }
+    /* prealloc beyond the address space fails up front instead of after a long loop */
+    if (prealloc > 0 && (size_t)prealloc > ((size_t)1 << 47) / (size_t)size) return PyErr_NoMemory();
+
+    kp_pool *pool = kp_pool_create((size_t)size, align, (size_t)capacity);
+    if (!pool) {
+        if (errno == EINVAL) PyErr_SetString(PyExc_ValueError, "invalid BufferPool arguments");
+        else PyErr_NoMemory();
+        return NULL;
+    }
+    kpy_state *st = kpy_state_of_type(type);
+    kpy_bufferpool *self = (kpy_bufferpool *)type->tp_alloc(type, 0);
+    if (!self) {
+        kp_pool_destroy(pool);
+        return NULL;
+    }
+    self->pool = pool;
+    self->block_type = (PyTypeObject *)Py_NewRef((PyObject *)st->Block_type);
+    self->exhausted = Py_NewRef(st->PoolExhausted);
+    self->buffer_size = size;
+    self->block_size = kp_pool_block_size(pool);
+    self->align = align;
+    self->capacity = (size_t)capacity;
+    self->zero = zero;
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&self->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    pthread_mutex_init(&self->mu, NULL);
+
+    if (prealloc > 0) {
+        /* carve prealloc blocks, then give them all back */
+        char **held = PyMem_Malloc((size_t)prealloc * sizeof(char *));
+        if (!held) {
+            Py_DECREF(self);
+            return PyErr_NoMemory();
+        }
+        Py_ssize_t n = 0;
+        for (; n < prealloc; n++) {
+            held[n] = kp_pool_alloc(pool);
+            if (!held[n]) break;
+        }
+        for (Py_ssize_t i = n; i-- > 0;) kp_pool_free(pool, held[i]);
+        PyMem_Free(held);
+        if (n < prealloc) {
+            Py_DECREF(self);
+            return PyErr_NoMemory();
+        }
+        self->prealloc = prealloc;
+        self->idle = prealloc;
+    }
+    return (PyObject *)self;
+}
+
+static void bufferpool_dealloc(kpy_bufferpool *self) {
+    PyTypeObject *tp = Py_TYPE(self);
+    /* every Block holds a reference to its pool, so in_use == 0 here */
+    if (self->pool) kp_pool_destroy(self->pool);
+    self->pool = NULL;
+    if (self->block_type) {
+        pthread_mutex_destroy(&self->mu);
+        pthread_cond_destroy(&self->cv);
+    }
+    Py_CLEAR(self->block_type);
+    Py_CLEAR(self->exhausted);
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
+}
+
+static PyMethodDef bufferpool_methods[] = {
+    {"acquire", (PyCFunction)(void (*)(void))bufferpool_acquire, METH_FASTCALL | METH_KEYWORDS,
+     "acquire(timeout=0.0)\n--\n\n"
+     "Return a Block of buffer_size bytes from the pool.\n\n"
+     "timeout 0 raises kpool.PoolExhausted at once when all `capacity` buffers\n"
+     "are in use; None waits until another thread releases one; a positive\n"
+     "number waits at most that many seconds, then raises PoolExhausted.\n"
+     "Waiting releases the GIL and can be interrupted by Ctrl-C."},
+    {"release", (PyCFunction)(void (*)(void))bufferpool_release, METH_O,
+     "release(block)\n--\n\nGive a Block of this pool back (same as block.release()). A Block of\n"
+     "another pool or from kpool.malloc raises ValueError."},
+    {"stats", (PyCFunction)(void (*)(void))bufferpool_stats, METH_NOARGS,
+     "stats()\n--\n\nA dict: acquires, releases, hits (reused buffers), misses (new buffers),\n"
+     "high_water, waits, timeouts, exhausted, in_use, idle, capacity, buffer_size,\n"
+     "block_size, align, bytes_mapped, chunks, and the raw kp_pool counters."},
+    {"trim", (PyCFunction)(void (*)(void))bufferpool_trim, METH_NOARGS,
+     "trim()\n--\n\nGive the memory of idle buffers back; returns the bytes released."},
+    {"close", (PyCFunction)(void (*)(void))bufferpool_close, METH_NOARGS,
+     "close()\n--\n\nFree the pool's memory. BufferError while buffers are in use; idempotent.\n"
+     "A closed pool raises ValueError on acquire()."},
+    {"__enter__", (PyCFunction)(void (*)(void))bufferpool_enter, METH_NOARGS, "Return the pool itself."},
+    {"__exit__", (PyCFunction)(void (*)(void))bufferpool_exit, METH_VARARGS, "Close the pool."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef bufferpool_getset[] = {
+    {"buffer_size", (getter)get_buffer_size, NULL, "Size in bytes of each buffer.", NULL},
+    {"capacity", (getter)get_capacity, NULL, "Most buffers in use at once, or None when unbounded.", NULL},
+    {"in_use", (getter)get_in_use, NULL, "Buffers acquired and not yet released.", NULL},
+    {"idle", (getter)get_idle, NULL, "Buffers released and kept for reuse.", NULL},
+    {"align", (getter)get_align, NULL, "Every buffer's address is a multiple of this.", NULL},
+    {"zero", (getter)get_zero, NULL, "True if every acquired buffer is zeroed.", NULL},
+    {"closed", (getter)get_closed, NULL, "True once close() succeeded.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+PyDoc_STRVAR(bufferpool_doc,
+"BufferPool(buffer_size, *, capacity=None, prealloc=0, zero=False, align=64)\n"
+"--\n\n"
+"A pool of fixed-size buffers (kpool.Block) carved from big chunks and\n"
+"reused instead of freed.\n\n"
+"capacity bounds the buffers in use at once (None: unbounded); prealloc\n"
+"carves that many buffers up front; zero=True zeroes every acquired buffer;\n"
+"every buffer's address is a multiple of align (a power of two).\n"
+"Use acquire()/release() or `with pool.acquire() as buf:`; the pool is a\n"
+"context manager that closes it.");
+
+static PyType_Slot bufferpool_slots[] = {
+    {Py_tp_doc, (void *)bufferpool_doc},
+    {Py_tp_new, (void *)bufferpool_new},
+    {Py_tp_dealloc, (void *)bufferpool_dealloc},
+    {Py_tp_repr, (void *)bufferpool_repr},
+    {Py_tp_methods, bufferpool_methods},
+    {Py_tp_getset, bufferpool_getset},
+    {0, NULL},
+};
+
+PyType_Spec kpy_bufferpool_spec = {
+    .name = "kpool.BufferPool",
+    .basicsize = sizeof(kpy_bufferpool),
+    .itemsize = 0,
+    .flags = Py_TPFLAGS_DEFAULT,
+    .slots = bufferpool_slots,
+};

@@ -1,0 +1,154 @@
+/* kpy.h: shared declarations of the CPython binding kpool._core.
+ *
+ * The binding is the only part of kpool that includes Python.h. Files:
+ *   module.c      module definition, state, exec slot, module functions
+ *                 (malloc, stats, stats_reset, trim, thread_flush, stress),
+ *                 argument helpers
+ *   block.c       kpool.Block: the buffer handed out by malloc, BufferPool
+ *                 and Arena
+ *   bufferpool.c  kpool.BufferPool over kp_pool_*
+ *   arena.c       kpool.Arena over kp_arena_*
+ *
+ * Ownership: a Block owns its memory until it is released (or collected).
+ * A pool Block holds a strong reference to its BufferPool, an arena Block to
+ * its Arena, so an owner outlives every Block it handed out. Owners hold no
+ * references to their Blocks: there are no reference cycles, and none of
+ * these types takes part in the cyclic GC.
+ *
+ * Threads: every entry point runs with the GIL held; the GIL is released
+ * only while waiting (BufferPool.acquire at capacity, stress()). The module
+ * does not declare free-threading support (Py_mod_gil), so a free-threaded
+ * interpreter keeps the GIL enabled while kpool._core is loaded. The Arena
+ * additionally serialises its kp_arena with a lock of its own.
+ */
+#ifndef KPY_H
+#define KPY_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <pthread.h>
+#include <stdint.h>
+
+#include "kpool.h"
+
+/* Py_NewRef arrived in 3.10. */
+#if PY_VERSION_HEX < 0x030A00F0 && !defined(Py_NewRef)
+static inline PyObject *kpy_newref(PyObject *o) {
+    Py_INCREF(o);
+    return o;
+}
+#define Py_NewRef(o) kpy_newref((PyObject *)(o))
+#endif
+
+/* ---- module state --------------------------------------------------------- */
+
+typedef struct {
+    PyTypeObject *Block_type;
+    PyTypeObject *BufferPool_type;
+    PyTypeObject *Arena_type;
+    PyObject *Error;            /* kpool.Error */
+    PyObject *PoolExhausted;    /* kpool.PoolExhausted(Error) */
+    PyObject *CorruptionError;  /* kpool.CorruptionError(Error) */
+} kpy_state;
+
+extern PyModuleDef kpy_moduledef;
+
+/* The module state of the module that created type tp (one of ours). Never NULL. */
+kpy_state *kpy_state_of_type(PyTypeObject *tp);
+
+/* ---- objects ---------------------------------------------------------------- */
+
+enum { KPY_HEAP = 0, KPY_POOL = 1, KPY_ARENA = 2 };
+
+typedef struct {
+    PyObject_HEAD
+    char *ptr;              /* the memory; meaningless once released */
+    Py_ssize_t size;        /* bytes exposed through the buffer protocol */
+    Py_ssize_t exports;     /* live Py_buffer views */
+    PyObject *owner;        /* NULL (heap), kpy_bufferpool or kpy_arena: strong ref */
+    uint64_t generation;    /* arena blocks: the arena's generation at alloc */
+    int kind;               /* KPY_HEAP, KPY_POOL, KPY_ARENA */
+    int released;           /* 1 once the memory was given back */
+} kpy_block;
+
+typedef struct {
+    PyObject_HEAD
+    kp_pool *pool;          /* NULL once closed */
+    PyTypeObject *block_type;  /* strong ref: the Block type to create */
+    PyObject *exhausted;    /* strong ref: kpool.PoolExhausted */
+    Py_ssize_t buffer_size; /* size of each Block */
+    size_t block_size;      /* buffer_size rounded up to align (kp_pool_block_size) */
+    size_t align;
+    size_t capacity;        /* 0 = unbounded */
+    Py_ssize_t prealloc;
+    int zero;
+    int closed;
+    /* counters, all changed with the GIL held */
+    Py_ssize_t in_use;      /* Blocks handed out and not released */
+    Py_ssize_t idle;        /* buffers returned and kept for reuse (estimate after trim) */
+    Py_ssize_t high_water;  /* most in_use at once */
+    uint64_t acquires, releases, waits, timeouts;
+    /* waiting at capacity: releasers bump seq and signal cv under mu when
+     * waiters > 0; a waiter sleeps on cv with the GIL released */
+    int waiters;
+    uint64_t seq;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+} kpy_bufferpool;
+
+typedef struct {
+    PyObject_HEAD
+    kp_arena *arena;
+    PyThread_type_lock lock;  /* serialises every kp_arena_* call */
+    uint64_t generation;      /* bumped by reset: older Blocks are dead */
+    Py_ssize_t exports;       /* views alive on this arena's Blocks */
+    size_t chunk_size;
+} kpy_arena;
+
+/* ---- block.c ---------------------------------------------------------------- */
+
+extern PyType_Spec kpy_block_spec;
+/* A new Block over ptr (new reference), or NULL with an exception set; on
+ * failure the caller still owns ptr. owner may be NULL (heap blocks). */
+PyObject *kpy_block_new(PyTypeObject *tp, char *ptr, Py_ssize_t size, int kind, PyObject *owner, uint64_t generation);
+/* Release b's memory: 0 on success or when already released, -1 with
+ * BufferError while views are alive. */
+int kpy_block_release(kpy_block *b);
+
+/* ---- bufferpool.c --------------------------------------------------------- */
+
+extern PyType_Spec kpy_bufferpool_spec;
+/* Take back a pool block's memory (GIL held): frees it into the kp_pool,
+ * updates the counters, wakes a waiter. Never fails. */
+void kpy_bufferpool_put(kpy_bufferpool *self, char *ptr);
+
+/* ---- arena.c ---------------------------------------------------------------- */
+
+extern PyType_Spec kpy_arena_spec;
+/* 1 if an arena Block made in generation gen is still valid. */
+static inline int kpy_arena_current(PyObject *arena, uint64_t gen) { return ((kpy_arena *)arena)->generation == gen; }
+/* Account a view opened (+1) or closed (-1) on one of the arena's Blocks. */
+static inline void kpy_arena_export(PyObject *arena, int delta) { ((kpy_arena *)arena)->exports += delta; }
+
+/* ---- module.c: argument helpers -------------------------------------------- */
+
+/* Parse a METH_FASTCALL|METH_KEYWORDS call: names is NULL-terminated; the
+ * first npos may be given by position, the rest only by keyword; the first
+ * nreq are required. out[i] gets a borrowed reference or stays NULL.
+ * 0 on success, -1 with TypeError. */
+int kpy_parse_args(const char *fname, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                   const char *const *names, int npos, int nreq, PyObject **out);
+/* A size argument: an int (or __index__) >= 0 (> 0 unless allow_zero).
+ * 0 on success; -1 with TypeError (not an int), ValueError (negative or
+ * zero) or OverflowError (beyond Py_ssize_t). */
+int kpy_size_arg(PyObject *o, const char *name, int allow_zero, Py_ssize_t *out);
+/* An alignment: an int, a power of two, at most max. 0 or -1 as above. */
+int kpy_align_arg(PyObject *o, const char *name, size_t max, size_t *out);
+/* A timeout: None (*forever = 1) or a real number >= 0 in seconds.
+ * 0 or -1 (TypeError, ValueError for negative or NaN, OverflowError for huge). */
+int kpy_timeout_arg(PyObject *o, double *seconds, int *forever);
+/* Set dict[key] = value and drop the reference to value (which may be NULL
+ * with an exception set). 0 on success, -1 on error. */
+int kpy_dict_steal(PyObject *dict, const char *key, PyObject *value);
+
+#endif /* KPY_H */

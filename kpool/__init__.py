@@ -1,0 +1,121 @@
+"""kpool: a memory-pool allocator in C, shipped as a Python package.
+
+Fast, measurable memory in three shapes on top of a general-purpose
+size-class heap (DESIGN.md section 4):
+
+    kpool.malloc(size)                 a Block from the heap
+    kpool.BufferPool(buffer_size)      fixed-size buffers, reused
+    kpool.ObjectPool(factory)          reuse of expensive Python objects
+    kpool.Arena()                      region allocation, freed at once
+
+plus the allocator's statistics (kpool.stats(), kpool.stats_array()), the
+multithreaded C stress driver (kpool.stress()) and the benchmark
+(kpool.bench, ``python -m kpool bench``).
+
+The extension kpool._core and C code using libkpool.so (kpool.get_library(),
+kpool.get_include()) share one process-wide heap.
+"""
+
+import os as _os
+
+from ._core import (  # noqa: F401  (re-exported API)
+    Arena,
+    Block,
+    BufferPool,
+    CorruptionError,
+    Error,
+    PoolExhausted,
+    __version__,
+    malloc,
+    stats,
+    stats_reset,
+    stress,
+    thread_flush,
+    trim,
+)
+from ._objectpool import ObjectPool
+
+__all__ = [
+    "__version__",
+    "get_include",
+    "get_library",
+    "malloc",
+    "Block",
+    "BufferPool",
+    "ObjectPool",
+    "Arena",
+    "stats",
+    "stats_array",
+    "stats_reset",
+    "trim",
+    "thread_flush",
+    "stress",
+    "Error",
+    "PoolExhausted",
+    "CorruptionError",
+]
+
+_HERE = _os.path.dirname(_os.path.abspath(__file__))
+
+
+def get_include():
+    """Return the folder that holds kpool.h (for C code built against kpool)."""
+    return _os.path.join(_HERE, "include")
+
+
+def get_library():
+    """Return the path of the shared core library, libkpool.so.
+
+    ``cffi.FFI().dlopen(kpool.get_library())`` reaches the same heap as the
+    Python API: the extension is linked against this very file.
+    """
+    return _os.path.join(_HERE, "libkpool.so")
+
+
+# numpy dtype of stats_array(): one record per size class
+_CLASS_FIELDS = (
+    ("size", "u8"),
+    ("in_use", "u8"),
+    ("free_in_central", "u8"),
+    ("free_in_tcaches", "u8"),
+    ("allocs", "u8"),
+    ("frees", "u8"),
+    ("spans", "u8"),
+)
+
+
+def stats_array(snapshot=None):
+    """Return the per-size-class table as a numpy structured array.
+
+    Fields: size, in_use, free_in_central, free_in_tcaches, allocs, frees,
+    spans (all uint64), one row per class sorted by size. ``snapshot`` is a
+    dict from kpool.stats() (a fresh one is taken by default). Needs numpy.
+    """
+    try:
+        import numpy
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError("kpool.stats_array() needs numpy: pip install numpy (or 'kpool[bench]')") from exc
+    if snapshot is None:
+        snapshot = stats()
+    dtype = numpy.dtype(list(_CLASS_FIELDS))
+    rows = [tuple(c.get(name, 0) for name, _ in _CLASS_FIELDS) for c in snapshot["classes"]]
+    return numpy.array(rows, dtype=dtype)
+
+
+def __getattr__(name):
+    # kpool.bench is imported on first use, so that `import kpool` needs
+    # nothing beyond the standard library even if bench grows dependencies.
+    if name == "bench":
+        if not _os.path.exists(_os.path.join(_HERE, "bench.py")):
+            raise AttributeError("kpool.bench is not available in this installation")
+        import importlib
+
+        return importlib.import_module(".bench", __name__)
+    raise AttributeError("module 'kpool' has no attribute %r" % (name,))
+
+
+def __dir__():
+    names = set(globals()) | set(__all__)
+    if _os.path.exists(_os.path.join(_HERE, "bench.py")):
+        names.add("bench")
+    return sorted(names)
