@@ -1175,6 +1175,15 @@ static void sb_rss(sbuf *b, const char *key, long v) {
     else sb_printf(b, ",\"%s\":%ld", key, v);
 }
 
+/* The file that defines the malloc this process calls: libc, or a peer
+ * preloaded with LD_PRELOAD (so that a preload that did not take is seen). */
+static const char *malloc_library(void) {
+    Dl_info info;
+    void *sym = dlsym(RTLD_DEFAULT, "malloc");
+    if (sym && dladdr(sym, &info) && info.dli_fname) return info.dli_fname;
+    return NULL;
+}
+
 static int cmp_u64(const void *a, const void *b) {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
     return x < y ? -1 : x > y;
@@ -1245,6 +1254,8 @@ char *kps_finish(kps_run *r) {
     else sb_printf(&b, ",\"size\":null");
     sb_printf(&b, ",\"preload\":");
     sb_str(&b, r->preload[0] ? r->preload : NULL);
+    sb_printf(&b, ",\"malloc_library\":");
+    sb_str(&b, malloc_library());
     if (r->wl == WL_LARSON) {
         uint64_t rem = 0, loc = 0;
         for (int i = 0; i < n; i++) {
