@@ -1,14 +1,18 @@
 /* central.c: one free list per size class, shared by all threads.
  *
- * Job: move objects to and from thread caches in batches. A class's free
- * objects live in its spans (each span keeps its own free list plus a bump
- * cursor over objects never carved, so a new span is not touched until its
- * objects are handed out). A span whose objects are all free goes back to
- * the page heap at once; the page heap keeps it resident for a while.
+ * Job: move objects to and from thread caches in batches. A whole batch
+ * given back is kept as it is in one of a few transfer slots and handed to
+ * the next thread that needs one, in O(1) (tcmalloc's transfer cache):
+ * blocks freed by another thread than their allocator travel this way.
+ * Other free objects live in their spans (each span keeps its own free list
+ * plus a bump cursor over objects never carved, so a new span is not touched
+ * until its objects are handed out). A span whose objects are all free goes
+ * back to the page heap at once; the page heap keeps it resident a while.
  * Calls: pageheap (spans), pagemap (object -> span, class bytes).
- * Invariants (_kp_central_is_valid): free_objects == sum over the class's
- *   spans of |freelist| + (capacity - carved); a span is on `partial` iff it
- *   has a free object; spans with allocated == 0 are not kept.
+ * Invariants (_kp_central_is_valid): free_objects == batch * used + sum
+ *   over the class's spans of |freelist| + (capacity - carved); a span is on
+ *   `partial` iff it has a free object; spans with allocated == 0 are not
+ *   kept; used <= nslots, nslots * batch * size <= KP_TRANSFER_BYTES.
  * Locks: one kp_lock per class, each on its own cache line. A class lock may
  *   be held while taking the page heap lock, never the reverse; no two class
  *   locks are held at once (except by fork's prepare handler, in class order).
@@ -23,6 +27,10 @@ void _kp_central_init(void) {
     for (unsigned c = 0; c < KP_NUM_CLASSES; c++) {
         _kp_lock_init(&centrals[c].lock);
         centrals[c].partial.next = centrals[c].partial.prev = &centrals[c].partial;
+        if (c == 0) continue;
+        size_t batch_bytes = (size_t)_kp_classes[c].batch * _kp_classes[c].size;
+        size_t n = KP_TRANSFER_BYTES / batch_bytes;
+        centrals[c].nslots = (uint32_t)(n > KP_TRANSFER_SLOTS ? KP_TRANSFER_SLOTS : n);
     }
 }
 
@@ -63,12 +71,16 @@ static kp_span *new_span(kp_central *c, unsigned cls) {
     return s;
 }
 
-unsigned _kp_central_fetch(unsigned cls, unsigned n, void **head_out, void **tail_out) {
+unsigned _kp_central_fetch(unsigned cls, unsigned n, void **head_out) {
     kp_central *c = &centrals[cls];
     const size_t size = _kp_classes[cls].size;
-    void *head = NULL, *tail = NULL;
+    void *head = NULL;
     unsigned got = 0;
     _kp_lock(&c->lock);
+    if (n == _kp_classes[cls].batch && c->used > 0) {
+        head = c->slots[--c->used];
+        got = n;
+    }
     while (got < n) {
         kp_span *s = c->partial.next;
         if (s == &c->partial) {
@@ -89,7 +101,6 @@ unsigned _kp_central_fetch(unsigned cls, unsigned n, void **head_out, void **tai
             }
             *(void **)obj = head;
             head = obj;
-            if (!tail) tail = obj;
             s->allocated++;
             got++;
         }
@@ -98,20 +109,18 @@ unsigned _kp_central_fetch(unsigned cls, unsigned n, void **head_out, void **tai
     KP_STORE(c->free_objects, KP_LOAD(c->free_objects) - got);
     _kp_unlock(&c->lock);
     *head_out = head;
-    *tail_out = tail;
     if (got == 0) errno = ENOMEM;
     return got;
 }
 
-void _kp_central_return(unsigned cls, void *head, unsigned n) {
-    kp_central *c = &centrals[cls];
-    _kp_lock(&c->lock);
+/* Put n objects back into their spans. REQUIRES class lock. */
+static void return_to_spans(kp_central *c, void *head, unsigned n) {
     size_t freed_objects = 0;
     for (unsigned i = 0; i < n && head; i++) {
         void *obj = head;
         head = *(void **)obj;
         kp_span *s = _kp_pagemap_get((uintptr_t)obj >> KP_PAGE_SHIFT);
-        kp_assert(s && s->state == KP_SPAN_SMALL && s->sizeclass == cls);
+        kp_assert(s && s->state == KP_SPAN_SMALL && &centrals[s->sizeclass] == c);
         *(void **)obj = s->freelist;
         s->freelist = obj;
         s->allocated--;
@@ -127,6 +136,28 @@ void _kp_central_return(unsigned cls, void *head, unsigned n) {
         }
     }
     KP_STORE(c->free_objects, KP_LOAD(c->free_objects) + freed_objects);
+}
+
+void _kp_central_return(unsigned cls, void *head, unsigned n) {
+    kp_central *c = &centrals[cls];
+    _kp_lock(&c->lock);
+    if (n == _kp_classes[cls].batch && c->used < c->nslots) {
+        c->slots[c->used++] = head;
+        KP_STORE(c->free_objects, KP_LOAD(c->free_objects) + n);
+    } else {
+        return_to_spans(c, head, n);
+    }
+    _kp_unlock(&c->lock);
+}
+
+void _kp_central_drain(unsigned cls) {
+    kp_central *c = &centrals[cls];
+    _kp_lock(&c->lock);
+    while (c->used > 0) {
+        void *chain = c->slots[--c->used];
+        KP_STORE(c->free_objects, KP_LOAD(c->free_objects) - _kp_classes[cls].batch);
+        return_to_spans(c, chain, _kp_classes[cls].batch);
+    }
     _kp_unlock(&c->lock);
 }
 
@@ -134,7 +165,13 @@ int _kp_central_is_valid(unsigned cls) {
     kp_central *c = &centrals[cls];
     _kp_lock(&c->lock);
     size_t free_objects = 0;
-    int ok = 1;
+    int ok = c->used <= c->nslots;
+    for (uint32_t i = 0; ok && i < c->used; i++) {
+        size_t n = 0;
+        for (void *p = c->slots[i]; p; p = *(void **)p) n++;
+        ok = n == _kp_classes[cls].batch;
+        free_objects += n;
+    }
     for (kp_span *s = c->partial.next; ok && s != &c->partial; s = s->next) {
         size_t listed = 0;
         for (void *p = s->freelist; p; p = *(void **)p) listed++;

@@ -59,8 +59,8 @@ static int debug_mark(void *p, int alloc, const char *call) {
 /* One object of cls for a thread without a cache (exiting, or its cache
  * could not be made). */
 static void *uncached_alloc(unsigned cls, size_t size) {
-    void *head, *tail;
-    if (_kp_central_fetch(cls, 1, &head, &tail) == 0) return NULL;
+    void *head;
+    if (_kp_central_fetch(cls, 1, &head) == 0) return NULL;
     _kp_tcache_count_uncached(cls, 1, size);
     return head;
 }
@@ -331,5 +331,6 @@ void kp_thread_flush(void) {
 size_t kp_trim(void) {
     _kp_init();
     kp_thread_flush();
+    for (unsigned c = 1; c < KP_NUM_CLASSES; c++) _kp_central_drain(c);
     return _kp_pageheap_trim();
 }

@@ -143,11 +143,13 @@ KP_INTERNAL int _kp_sizeclass_is_valid(void);
 /* ---- central.c --------------------------------------------------------------- */
 KP_INTERNAL void _kp_central_init(void);
 KP_INTERNAL kp_central *_kp_central(unsigned cls);
-/* Up to n objects of cls linked through their first word; returns the count
- * (0 + ENOMEM when no span could be had). *head gets the list, *tail its last. */
-KP_INTERNAL unsigned _kp_central_fetch(unsigned cls, unsigned n, void **head, void **tail);
+/* Up to n objects of cls as a NULL-terminated list through their first
+ * word; returns the count (0 + ENOMEM when no span could be had). */
+KP_INTERNAL unsigned _kp_central_fetch(unsigned cls, unsigned n, void **head);
 /* Give back a NULL-terminated list of n objects of class cls. */
 KP_INTERNAL void _kp_central_return(unsigned cls, void *head, unsigned n);
+/* Empty the transfer slots into the spans (kp_trim). */
+KP_INTERNAL void _kp_central_drain(unsigned cls);
 KP_INTERNAL int _kp_central_is_valid(unsigned cls);
 
 /* ---- tcache.c ---------------------------------------------------------------- */

@@ -132,11 +132,17 @@ typedef struct kp_class_info {
 } kp_class_info;
 
 /* ---- central free lists -------------------------------------------------- */
+#define KP_TRANSFER_SLOTS 16                   /* whole batches a central list keeps */
+#define KP_TRANSFER_BYTES ((size_t)64 << 10)   /* at most this much per class */
+
 typedef struct kp_central {
     kp_lock lock;
     kp_span partial;                /* sentinel: spans with a free object */
-    _Atomic size_t free_objects;    /* objects on span freelists + uncarved (written under lock) */
+    _Atomic size_t free_objects;    /* free objects: span freelists, uncarved, transfer slots (written under lock) */
     _Atomic size_t spans;           /* spans held (written under lock) */
+    uint32_t nslots;                /* transfer slots this class may use */
+    uint32_t used;                  /* transfer slots holding a batch */
+    void *slots[KP_TRANSFER_SLOTS]; /* NULL-terminated chains of exactly one batch */
 } __attribute__((aligned(KP_CACHELINE))) kp_central;
 
 /* ---- thread cache ---------------------------------------------------------

@@ -128,14 +128,14 @@ void *_kp_tcache_refill(kp_tcache *tc, unsigned cls) {
     unsigned want = _kp_classes[cls].batch;
     if (l->max + 1 < want && !grow(tc, cls)) want = l->max + 1;
     if (want > l->max + 1) want = l->max + 1;
-    void *head, *tail;
-    unsigned got = _kp_central_fetch(cls, want, &head, &tail);
+    void *head;
+    unsigned got = _kp_central_fetch(cls, want, &head);
     if (got == 0) return NULL;
     KP_BUMP(tc->moves[cls].fetched, got);
     KP_STAT_BUMP(tc->counters.tcache_misses, 1);
     KP_STAT_BUMP(tc->counters.central_fetches, 1);
+    kp_assert(l->head == NULL);    /* refills happen only when the list is empty */
     void *obj = head;
-    *(void **)tail = l->head;
     l->head = *(void **)obj;
     KP_STORE(l->count, KP_LOAD(l->count) + got - 1);
     return obj;

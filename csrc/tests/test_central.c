@@ -11,14 +11,23 @@ static unsigned chain_length(void *head) {
 
 static void test_fetch_and_return_batches(void) {
     unsigned cls = _kp_size_class(64);
-    void *head, *tail;
-    unsigned got = _kp_central_fetch(cls, 32, &head, &tail);
+    void *head;
+    unsigned got = _kp_central_fetch(cls, 32, &head);
     CHECK_EQ(got, 32);
     CHECK_EQ(chain_length(head), 32);
-    CHECK(*(void **)tail == NULL);
     CHECK(_kp_central_is_valid(cls));
     for (void *p = head; p; p = *(void **)p) CHECK(_kp_pagemap_class(p) == cls);
-    _kp_central_return(cls, head, got);
+    size_t free_before = KP_LOAD(_kp_central(cls)->free_objects);
+    _kp_central_return(cls, head, got);     /* a whole batch: kept in a transfer slot */
+    CHECK(_kp_central(cls)->used >= 1);
+    CHECK_EQ(KP_LOAD(_kp_central(cls)->free_objects), free_before + 32);
+    CHECK(_kp_central_is_valid(cls));
+    void *again;
+    CHECK_EQ(_kp_central_fetch(cls, 32, &again), 32);
+    CHECK(again == head);                   /* handed on whole, in O(1) */
+    _kp_central_return(cls, again, 32);
+    _kp_central_drain(cls);
+    CHECK_EQ(_kp_central(cls)->used, 0);
     CHECK(_kp_central_is_valid(cls));
 }
 
@@ -26,14 +35,16 @@ static void test_empty_spans_go_back(void) {
     unsigned cls = _kp_size_class(4096);
     const kp_class_info *ci = &_kp_classes[cls];
     size_t spans_before = KP_LOAD(_kp_central(cls)->spans);
-    void *head, *tail;
+    void *head;
     unsigned want = ci->objects * 3;   /* three spans' worth */
     void *all = NULL;
     unsigned total = 0;
     while (total < want) {
-        unsigned got = _kp_central_fetch(cls, want - total > 32 ? 32 : want - total, &head, &tail);
+        unsigned got = _kp_central_fetch(cls, want - total > 32 ? 32 : want - total, &head);
         CHECK(got > 0);
         if (!got) break;
+        void *tail = head;
+        while (*(void **)tail) tail = *(void **)tail;
         *(void **)tail = all;
         all = head;
         total += got;
@@ -48,8 +59,8 @@ static void test_empty_spans_go_back(void) {
 
 static void test_objects_are_distinct_and_in_bounds(void) {
     unsigned cls = _kp_size_class(48);
-    void *head, *tail;
-    unsigned got = _kp_central_fetch(cls, 32, &head, &tail);
+    void *head;
+    unsigned got = _kp_central_fetch(cls, 32, &head);
     void *seen[32];
     unsigned n = 0;
     for (void *p = head; p; p = *(void **)p) seen[n++] = p;
