@@ -1,0 +1,85 @@
+"""Shared fixtures for kpool's pytest suite.
+
+The suite tests the installed package (``pip install .``). When pytest runs
+from the repository root, the source folder kpool/ (which has no compiled
+_core unless built in place) would shadow it on sys.path; it is dropped here
+so that the installed kpool is the one imported.
+"""
+import gc
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _import_kpool():
+    """Import kpool, preferring an installed build over an unbuilt source tree."""
+    try:
+        import kpool._core  # noqa: F401
+    except ImportError:
+        sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.getcwd()) != ROOT]
+        for name in [m for m in sys.modules if m == "kpool" or m.startswith("kpool.")]:
+            del sys.modules[name]
+        import kpool._core  # noqa: F401
+    import kpool
+
+    return kpool
+
+
+kpool = _import_kpool()
+# the folder holding the kpool package that is being tested (for subprocesses)
+KPOOL_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(kpool.__file__)))
+
+
+def run_python(code, timeout=120, env=None, expect_rc=0):
+    """Run code in a fresh interpreter that imports the same kpool; return
+    the CompletedProcess (stdout+stderr text). Asserts the exit status."""
+    e = dict(os.environ)
+    e["PYTHONPATH"] = KPOOL_PARENT + (os.pathsep + e["PYTHONPATH"] if e.get("PYTHONPATH") else "")
+    e.pop("KPOOL_STATS", None)
+    if env:
+        e.update(env)
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True, text=True, timeout=timeout, env=e, cwd="/",
+    )
+    if expect_rc is not None:
+        assert proc.returncode == expect_rc, "rc=%d\nstdout:\n%s\nstderr:\n%s" % (
+            proc.returncode, proc.stdout[-4000:], proc.stderr[-4000:])
+    return proc
+
+
+@pytest.fixture
+def python_script():
+    """run_python as a fixture."""
+    return run_python
+
+
+def bytes_in_use():
+    """kpool's bytes in use after a garbage collection."""
+    gc.collect()
+    return kpool.stats()["bytes_in_use"]
+
+
+@pytest.fixture
+def no_leak():
+    """Asserts that a test leaves kpool's bytes in use where it found them."""
+    gc.collect()
+    before = bytes_in_use()
+    yield
+    gc.collect()
+    after = bytes_in_use()
+    assert after <= before, "kpool bytes in use grew from %d to %d" % (before, after)
+
+
+def class_record(size, snapshot=None):
+    """The stats() class record that serves a request of size bytes."""
+    snap = snapshot if snapshot is not None else kpool.stats()
+    for c in snap["classes"]:
+        if c["size"] >= size:
+            return c
+    raise LookupError("no size class holds %d bytes" % size)
