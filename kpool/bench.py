@@ -1,0 +1,919 @@
+"""kpool.bench: kpool against the allocators you would otherwise pick.
+
+Every measurement runs in a fresh child process of the ``kpool-stress``
+executable (DESIGN.md section 5): kpool with ``--allocator kpool`` (direct
+kp_* calls) or ``kpool-pool`` (fixed pools, the one-size workload ``pairs``),
+glibc with ``--allocator system``, and the peers jemalloc, tcmalloc and
+mimalloc with ``--allocator system`` under ``LD_PRELOAD`` of their Debian
+library, so that each allocator owns its whole process. ``null`` returns a
+fixed buffer and measures the driver's own cost per operation.
+
+Allocators are interleaved round by round with a rotating order (A B C D,
+then B C D A, ...); a result reports the median and range over rounds and
+each allocator's ratio to ``system`` computed within the same round. A peer
+whose library is missing, or whose preload did not take, is reported as
+unavailable with the reason, never faked; nothing is cached or hard-coded.
+
+    from kpool import bench
+    res = bench.run(workloads=["pairs", "mixed"], threads=[1, 2], repeat=5)
+    print(res.table()); res.save("run.json"); res.plot("run.png")
+    arr = res.to_numpy()              # one row per workload x allocator x threads x round
+    old = bench.load("run.json")
+
+Importing this module needs only the standard library; numpy, pandas,
+matplotlib and tqdm are imported by the functions that use them.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+__all__ = [
+    "WORKLOADS", "MAIN_WORKLOADS", "MEMORY_WORKLOADS", "ALLOCATORS", "DEFAULT_OPS",
+    "Workload", "Allocator", "Result", "workloads", "allocators", "run", "load",
+    "compare", "machine_info", "find_stress", "main",
+]
+
+# ---------------------------------------------------------------------------
+# What can be measured
+# ---------------------------------------------------------------------------
+_WORKLOAD_INFO = {
+    "pairs": ("alloc/free pairs of one size (default 32 B)", False),
+    "mixed": ("sizes 8/32/128/512/4096, live window of 512 blocks per thread, random frees", False),
+    "random": ("sizes 8..256, live window of 1000 per thread, random replacement", False),
+    "larson": ("server-like: blocks freed by another thread than the one that allocated them", False),
+    "prodcons": ("producer threads allocate, consumer threads free (SPSC rings)", False),
+    "burst": ("allocate a large total of 64..4096 B blocks, free it all: RSS after free, 1 s, trim", True),
+    "frag": ("8..256 B blocks, free a random 90%, refill with 257..1024 B: RSS over live bytes", True),
+}
+WORKLOADS = tuple(_WORKLOAD_INFO)
+MAIN_WORKLOADS = ("pairs", "mixed", "random", "larson", "prodcons")
+MEMORY_WORKLOADS = ("burst", "frag")
+ALLOCATORS = ("system", "jemalloc", "tcmalloc", "mimalloc", "kpool", "kpool-pool", "null")
+ONE_SIZE_WORKLOADS = ("pairs",)          # the only ones kpool-pool can run
+
+# Peers: Debian library file and the package that ships it.
+_PEERS = {
+    "jemalloc": ("libjemalloc.so.2", "libjemalloc2"),
+    "tcmalloc": ("libtcmalloc_minimal.so.4", "libtcmalloc-minimal4"),
+    "mimalloc": ("libmimalloc.so.2", "libmimalloc2.0"),
+}
+
+# Operations per measurement (over all threads) for the default run: each
+# measurement lasts about 0.05-0.3 s with glibc on a 2-core machine, so the
+# whole default comparison fits in about two minutes. frag: blocks.
+DEFAULT_OPS = {
+    "pairs": 5_000_000,
+    "mixed": 3_000_000,
+    "random": 3_000_000,
+    "larson": 2_000_000,
+    "prodcons": 1_000_000,
+    "burst": 1,
+    "frag": 1_000_000,
+}
+DEFAULT_BURST_BYTES = 1 << 30
+DEFAULT_THREADS = (1, 2, 8)
+DEFAULT_ROUNDS = 5
+MEMORY_ROUNDS = 2               # burst sleeps 1 s per measurement
+
+
+class _Record(str):
+    """A name that is also a record: ``x == "kpool"``, ``x.name``, ``x["name"]``."""
+
+    _fields: tuple = ("name",)
+
+    def __new__(cls, name, **fields):
+        self = super().__new__(cls, name)
+        self.name = name
+        for k, v in fields.items():
+            setattr(self, k, v)
+        return self
+
+    def __getitem__(self, key):
+        if isinstance(key, str):
+            try:
+                return getattr(self, key)
+            except AttributeError:
+                raise KeyError(key) from None
+        return str.__getitem__(self, key)
+
+    def get(self, key, default=None):
+        return getattr(self, key, default)
+
+    def asdict(self):
+        return {f: getattr(self, f) for f in self._fields}
+
+    def __repr__(self):
+        inner = ", ".join(f"{f}={getattr(self, f)!r}" for f in self._fields)
+        return f"{type(self).__name__}({inner})"
+
+    def __reduce__(self):
+        d = self.asdict()
+        name = d.pop("name")
+        return (_rebuild, (type(self), name, d))
+
+
+def _rebuild(cls, name, fields):
+    return cls(name, **fields)
+
+
+class Workload(_Record):
+    """A workload name with ``description`` and ``memory`` (True for burst/frag)."""
+
+    _fields = ("name", "description", "memory")
+
+
+class Allocator(_Record):
+    """An allocator name with ``available``, ``reason``, ``kind`` (baseline,
+    peer, kpool), ``driver`` (the --allocator given to kpool-stress),
+    ``library`` (the preloaded file for peers) and ``version``."""
+
+    _fields = ("name", "available", "reason", "kind", "driver", "library", "version")
+
+
+def workloads():
+    """The workloads of the stress driver, as Workload names."""
+    return [Workload(n, description=d, memory=m) for n, (d, m) in _WORKLOAD_INFO.items()]
+
+
+# ---------------------------------------------------------------------------
+# Finding the executable and the peer libraries
+# ---------------------------------------------------------------------------
+def find_stress():
+    """Path of kpool-stress: $KPOOL_STRESS, else next to this file (the
+    installed package), else csrc/build/kpool-stress of a source checkout.
+    None when there is none."""
+    env = os.environ.get("KPOOL_STRESS")
+    if env:
+        return Path(env) if Path(env).is_file() else None
+    here = Path(__file__).resolve()
+    for cand in (here.with_name("kpool-stress"), here.parent.parent / "csrc" / "build" / "kpool-stress"):
+        if cand.is_file() and os.access(cand, os.X_OK):
+            return cand
+    return None
+
+
+def _lib_dirs():
+    dirs = []
+    multiarch = sysconfig.get_config_var("MULTIARCH") or ""
+    arches = [multiarch] if multiarch else []
+    arches += [f"{platform.machine()}-linux-gnu"]
+    for a in arches:
+        dirs += [f"/usr/lib/{a}", f"/lib/{a}"]
+    dirs += ["/usr/lib64", "/usr/lib", "/lib64", "/lib", "/usr/local/lib"]
+    seen, out = set(), []
+    for d in dirs:
+        if d not in seen:
+            seen.add(d)
+            out.append(d)
+    return out
+
+
+def _find_lib(fname):
+    for d in _lib_dirs():
+        p = Path(d) / fname
+        if p.exists():
+            return p
+    return None
+
+
+def _lib_version(path, package=None):
+    """Version of a shared library: its Debian package's version where
+    dpkg-query answers, else what the resolved file name tells."""
+    real = os.path.realpath(path)
+    for target in (str(path), real):
+        try:
+            out = subprocess.run(["dpkg-query", "-S", target], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            break
+        if out.returncode == 0 and out.stdout:
+            pkg = out.stdout.split(":")[0].strip()
+            if "," in pkg:
+                pkg = pkg.split(",")[0].strip()
+            try:
+                v = subprocess.run(["dpkg-query", "-W", "-f=${Version}", pkg], capture_output=True, text=True,
+                                   timeout=10)
+            except (OSError, subprocess.SubprocessError):
+                break
+            if v.returncode == 0 and v.stdout.strip():
+                return f"{pkg} {v.stdout.strip()} ({os.path.basename(real)})"
+    return os.path.basename(real)
+
+
+def _glibc_version():
+    lib, ver = platform.libc_ver()
+    return f"{lib} {ver}".strip() if lib else "unknown"
+
+
+def _probe_preload(exe, lib):
+    """None if kpool-stress really calls lib's malloc under LD_PRELOAD, else why not."""
+    try:
+        out = subprocess.run([str(exe), "--allocator", "system", "--workload", "pairs", "--ops", "1"],
+                             capture_output=True, text=True, timeout=30, env=_child_env(str(lib)))
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"kpool-stress did not run under LD_PRELOAD={lib}: {e}"
+    if out.returncode != 0:
+        return f"kpool-stress failed under LD_PRELOAD={lib}: {out.stderr.strip()[:200]}"
+    try:
+        rec = json.loads(out.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return "kpool-stress printed no result"
+    used = rec.get("malloc_library")
+    if "malloc_library" not in rec:
+        return f"{exe} does not report which malloc it calls (an old build: rebuild it)"
+    if not used or os.path.realpath(used) != os.path.realpath(str(lib)):
+        msg = out.stderr.strip().splitlines()
+        return f"LD_PRELOAD of {lib} did not take (malloc from {used}){': ' + msg[0] if msg else ''}"
+    return None
+
+
+def allocators(*, probe=True):
+    """Every allocator bench knows, with whether it can run here and why not.
+
+    Peers are available when their Debian library exists in the usual
+    multiarch directories and (probe=True, kpool-stress present) a preload of
+    it really replaces malloc in kpool-stress.
+    """
+    exe = find_stress()
+    no_exe = None if exe else ("kpool-stress not found (install the package, build csrc/, or set KPOOL_STRESS)")
+    out = []
+    for name in ALLOCATORS:
+        if name in _PEERS:
+            fname, pkg = _PEERS[name]
+            lib = _find_lib(fname)
+            if lib is None:
+                out.append(Allocator(name, available=False, kind="peer", driver="system", library=None,
+                                     version=None,
+                                     reason=f"{fname} not found in {', '.join(_lib_dirs()[:2])} "
+                                            f"(apt-get install {pkg})"))
+                continue
+            reason = no_exe or (_probe_preload(exe, lib) if probe else None)
+            out.append(Allocator(name, available=reason is None, reason=reason, kind="peer", driver="system",
+                                 library=str(lib), version=_lib_version(lib, pkg)))
+        elif name == "system":
+            out.append(Allocator(name, available=no_exe is None, reason=no_exe, kind="baseline", driver="system",
+                                 library=None, version=_glibc_version()))
+        else:
+            out.append(Allocator(name, available=no_exe is None, reason=no_exe,
+                                 kind="baseline" if name == "null" else "kpool", driver=name, library=None,
+                                 version=_kpool_version()))
+    return out
+
+
+def _kpool_version():
+    mod = sys.modules.get("kpool")
+    v = getattr(mod, "__version__", None) if mod else None
+    if v:
+        return str(v)
+    try:
+        from importlib.metadata import version
+        return version("kpool")
+    except Exception:
+        return None
+
+
+def _child_env(preload=None):
+    env = dict(os.environ)
+    env.pop("LD_PRELOAD", None)
+    env.pop("KPOOL_STATS", None)
+    if preload:
+        env["LD_PRELOAD"] = preload
+    return env
+
+
+def machine_info():
+    """CPU model, cores, kernel, Python, glibc, kpool version, and the date."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "machine": platform.machine(),
+        "kernel": platform.release(),
+        "system": platform.system(),
+        "python": platform.python_version(),
+        "glibc": _glibc_version(),
+        "kpool": _kpool_version(),
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+# ---------------------------------------------------------------------------
+# Result
+# ---------------------------------------------------------------------------
+_NUM_FIELDS = [
+    ("ops", "i8"), ("seconds", "f8"), ("ops_per_sec", "f8"), ("ns_per_op", "f8"),
+    ("p50_ns", "f8"), ("p99_ns", "f8"), ("p999_ns", "f8"), ("max_ns", "f8"),
+    ("peak_rss", "f8"), ("final_rss", "f8"), ("corrupt", "i8"), ("ratio_to_system", "f8"),
+    ("rss_full", "f8"), ("rss_after_free", "f8"), ("rss_after_1s", "f8"), ("rss_after_trim", "f8"),
+    ("alloc_seconds", "f8"), ("free_seconds", "f8"),
+    ("frag_ratio_alloc", "f8"), ("frag_ratio_free90", "f8"), ("frag_ratio_refill", "f8"),
+    ("frag_live_refill", "f8"), ("frag_rss_refill", "f8"),
+]
+
+
+def _num(v):
+    if v is None:
+        return math.nan
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _median(xs):
+    xs = [x for x in xs if x is not None and not math.isnan(x)]
+    return statistics.median(xs) if xs else math.nan
+
+
+def _range(xs):
+    xs = [x for x in xs if x is not None and not math.isnan(x)]
+    return (min(xs), max(xs)) if xs else (math.nan, math.nan)
+
+
+def _mb(b):
+    return "-" if b is None or math.isnan(b) else f"{b / 1e6:.1f}"
+
+
+def _fmt(x, nd=1):
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{nd}f}"
+
+
+class Result:
+    """The measurements of one bench run.
+
+    records (also rows): one dict per measurement, the driver's JSON plus
+    allocator (the bench name), driver_allocator, round, order, library,
+    ratio_to_system. meta: machine, libraries, parameters, command line.
+    """
+
+    def __init__(self, records=None, meta=None):
+        self.records = list(records or [])
+        self.meta = dict(meta or {})
+        self._ratios()
+
+    rows = property(lambda self: self.records)
+
+    def __len__(self):
+        return len(self.records)
+
+    def __iter__(self):
+        return iter(self.records)
+
+    def __repr__(self):
+        return f"<kpool.bench.Result: {len(self.records)} measurements>"
+
+    def _ratios(self):
+        base = {}
+        for r in self.records:
+            if r.get("allocator") == "system" and _ok(r):
+                base[(r["workload"], r["threads"], r.get("round", 0))] = r.get("ops_per_sec")
+        for r in self.records:
+            b = base.get((r.get("workload"), r.get("threads"), r.get("round", 0)))
+            v = r.get("ops_per_sec")
+            if b and v and _ok(r) and r.get("workload") not in MEMORY_WORKLOADS:
+                r["ratio_to_system"] = v / b
+            else:
+                r["ratio_to_system"] = None
+
+    # -- summaries ----------------------------------------------------------
+    def summary(self):
+        """One dict per workload x threads x allocator: medians and ranges over rounds."""
+        groups = {}
+        for r in self.records:
+            groups.setdefault((r.get("workload"), r.get("threads"), r.get("allocator")), []).append(r)
+        out = []
+        for (w, t, a), rs in groups.items():
+            good = [r for r in rs if _ok(r)]
+            ops = [_num(r.get("ops_per_sec")) for r in good]
+            rat = [_num(r.get("ratio_to_system")) for r in good]
+            s = {
+                "workload": w, "threads": t, "allocator": a, "rounds": len(rs), "ok": len(good),
+                "mops_median": _median(ops) / 1e6, "mops_min": _range(ops)[0] / 1e6,
+                "mops_max": _range(ops)[1] / 1e6,
+                "ns_per_op_median": _median([_num(r.get("ns_per_op")) for r in good]),
+                "ratio_median": _median(rat), "ratio_min": _range(rat)[0], "ratio_max": _range(rat)[1],
+                "p50_ns": _median([_num(r.get("p50_ns")) for r in good]),
+                "p99_ns": _median([_num(r.get("p99_ns")) for r in good]),
+                "p999_ns": _median([_num(r.get("p999_ns")) for r in good]),
+                "max_ns": _median([_num(r.get("max_ns")) for r in good]),
+                "peak_rss": _median([_num(r.get("peak_rss")) for r in good]),
+                "errors": sorted({str(r.get("error")) for r in rs if not _ok(r)}),
+            }
+            for k in ("rss_base", "rss_full", "rss_after_free", "rss_after_1s", "rss_after_trim", "alloc_seconds",
+                      "free_seconds", "frag_ratio_alloc", "frag_ratio_free90", "frag_ratio_refill",
+                      "frag_live_refill"):
+                s[k] = _median([_num(r.get(k)) for r in good])
+            out.append(s)
+        order = {w: i for i, w in enumerate(WORKLOADS)}
+        aorder = {a: i for i, a in enumerate(ALLOCATORS)}
+        out.sort(key=lambda s: (order.get(s["workload"], 99), s["threads"] or 0, aorder.get(s["allocator"], 99),
+                                str(s["allocator"])))
+        return out
+
+    def _cores(self):
+        return (self.meta.get("machine") or {}).get("cores") or os.cpu_count() or 1
+
+    def _tlabel(self, t):
+        return f"{t} (oversubscribed)" if t and t > self._cores() else str(t)
+
+    def table(self):
+        """Markdown: throughput (median Mops/s, range, ratio to system,
+        latency, peak RSS), the driver's null cost, then burst and frag."""
+        summ = self.summary()
+        lines = []
+        speed = [s for s in summ if s["workload"] not in MEMORY_WORKLOADS]
+        if speed:
+            rounds = max(s["rounds"] for s in speed)
+            lines.append(f"Throughput: median over {rounds} rounds (range in brackets); "
+                         f"x system = ratio to glibc within each round, median [range].")
+            lines.append("")
+            lines.append("| workload | threads | allocator | Mops/s | range | x system | ratio range | "
+                         "p50 ns | p99 ns | p99.9 ns | max ns | peak RSS MB |")
+            lines.append("|---|---|---|---:|---|---:|---|---:|---:|---:|---:|---:|")
+            for s in speed:
+                if s["ok"] == 0:
+                    lines.append(f"| {s['workload']} | {self._tlabel(s['threads'])} | {s['allocator']} | failed | "
+                                 f"{'; '.join(s['errors'])[:80]} | | | | | | | |")
+                    continue
+                lines.append(
+                    f"| {s['workload']} | {self._tlabel(s['threads'])} | {s['allocator']} | "
+                    f"{_fmt(s['mops_median'])} | {_fmt(s['mops_min'])}-{_fmt(s['mops_max'])} | "
+                    f"{_fmt(s['ratio_median'], 2)} | {_fmt(s['ratio_min'], 2)}-{_fmt(s['ratio_max'], 2)} | "
+                    f"{_fmt(s['p50_ns'], 0)} | {_fmt(s['p99_ns'], 0)} | {_fmt(s['p999_ns'], 0)} | "
+                    f"{_fmt(s['max_ns'], 0)} | {_mb(s['peak_rss'])} |")
+            nulls = [s for s in speed if s["allocator"] == "null" and s["ok"]]
+            if nulls:
+                lines.append("")
+                lines.append("Driver cost per op (null allocator, wall time per op over all threads): " + ", ".join(
+                    f"{s['workload']} t={s['threads']} {_fmt(s['ns_per_op_median'], 2)} ns" for s in nulls) + ".")
+        burst = [s for s in summ if s["workload"] == "burst"]
+        if burst:
+            lines.append("")
+            lines.append("Burst: allocate then free all; RSS in MB; trim = kp_trim (kpool), malloc_trim (glibc), "
+                         "'-' where the allocator has none.")
+            lines.append("")
+            lines.append("| allocator | threads | alloc s | free s | RSS full | after free | after 1 s | "
+                         "after trim | after 1 s / full |")
+            lines.append("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+            for s in burst:
+                if s["ok"] == 0:
+                    lines.append(f"| {s['allocator']} | {s['threads']} | failed: {'; '.join(s['errors'])[:80]} "
+                                 f"| | | | | | |")
+                    continue
+                pct = (100 * s["rss_after_1s"] / s["rss_full"]) if s["rss_full"] else math.nan
+                lines.append(f"| {s['allocator']} | {self._tlabel(s['threads'])} | {_fmt(s['alloc_seconds'], 3)} | "
+                             f"{_fmt(s['free_seconds'], 3)} | {_mb(s['rss_full'])} | {_mb(s['rss_after_free'])} | "
+                             f"{_mb(s['rss_after_1s'])} | {_mb(s['rss_after_trim'])} | {_fmt(pct, 1)}% |")
+        frag = [s for s in summ if s["workload"] == "frag"]
+        if frag:
+            lines.append("")
+            lines.append("Frag: RSS growth over live bytes after each phase (1.0 = no overhead).")
+            lines.append("")
+            lines.append("| allocator | threads | after alloc | after free 90% | after refill | live MB | peak RSS MB |")
+            lines.append("|---|---|---:|---:|---:|---:|---:|")
+            for s in frag:
+                if s["ok"] == 0:
+                    lines.append(f"| {s['allocator']} | {s['threads']} | failed: {'; '.join(s['errors'])[:80]} "
+                                 f"| | | | |")
+                    continue
+                lines.append(f"| {s['allocator']} | {self._tlabel(s['threads'])} | {_fmt(s['frag_ratio_alloc'], 2)} | "
+                             f"{_fmt(s['frag_ratio_free90'], 2)} | {_fmt(s['frag_ratio_refill'], 2)} | "
+                             f"{_mb(s['frag_live_refill'])} | {_mb(s['peak_rss'])} |")
+        skipped = self.meta.get("unavailable") or {}
+        if skipped:
+            lines.append("")
+            for a, why in skipped.items():
+                lines.append(f"Not measured: {a}: {why}")
+        return "\n".join(lines) + "\n"
+
+    # -- conversions --------------------------------------------------------
+    def to_numpy(self):
+        """A numpy structured array, one row per workload x allocator x threads x round."""
+        import numpy as np
+        width = max([len(str(r.get("workload", ""))) for r in self.records] +
+                    [len(str(r.get("allocator", ""))) for r in self.records] + [16])
+        dtype = [("workload", f"U{width}"), ("allocator", f"U{width}"), ("threads", "i4"), ("round", "i4")]
+        dtype += _NUM_FIELDS
+        arr = np.zeros(len(self.records), dtype=dtype)
+        for i, r in enumerate(self.records):
+            arr[i]["workload"] = r.get("workload", "")
+            arr[i]["allocator"] = r.get("allocator", "")
+            arr[i]["threads"] = int(r.get("threads") or 0)
+            arr[i]["round"] = int(r.get("round") or 0)
+            for f, kind in _NUM_FIELDS:
+                v = r.get(f)
+                if kind == "i8":
+                    arr[i][f] = int(v) if isinstance(v, (int, float)) and not math.isnan(v) else 0
+                else:
+                    arr[i][f] = _num(v)
+        return arr
+
+    def to_pandas(self):
+        """A pandas DataFrame of the same rows (requires pandas)."""
+        import pandas as pd
+        return pd.DataFrame(self.to_numpy())
+
+    # -- files --------------------------------------------------------------
+    def to_dict(self):
+        return {"format": "kpool-bench", "version": 1, "meta": self.meta, "records": self.records}
+
+    def save(self, path):
+        """Write the run as JSON (machine, libraries, command line, every measurement)."""
+        path = Path(path)
+        if path.parent and not path.parent.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(self.to_dict(), f, indent=1, sort_keys=False, default=str)
+            f.write("\n")
+        return path
+
+    def plot(self, path):
+        """Save a PNG: thread scaling per workload, and ratio to system."""
+        import matplotlib
+        matplotlib.use("Agg", force=False)
+        import matplotlib.pyplot as plt
+        summ = [s for s in self.summary() if s["workload"] not in MEMORY_WORKLOADS and s["ok"]]
+        wls = [w for w in WORKLOADS if any(s["workload"] == w for s in summ)]
+        allocs = [a for a in ALLOCATORS if any(s["allocator"] == a for s in summ)]
+        allocs += sorted({s["allocator"] for s in summ} - set(allocs))
+        if not wls:
+            fig, ax = plt.subplots(figsize=(4, 2))
+            ax.text(0.5, 0.5, "no throughput rows", ha="center")
+            fig.savefig(path, dpi=100)
+            plt.close(fig)
+            return Path(path)
+        fig, axes = plt.subplots(2, len(wls), figsize=(3.6 * len(wls), 6.4), squeeze=False)
+        cores = self._cores()
+        for j, w in enumerate(wls):
+            ax, axr = axes[0][j], axes[1][j]
+            threads = sorted({s["threads"] for s in summ if s["workload"] == w})
+            for a in allocs:
+                pts = [s for s in summ if s["workload"] == w and s["allocator"] == a]
+                if not pts:
+                    continue
+                pts.sort(key=lambda s: s["threads"])
+                xs = [s["threads"] for s in pts]
+                ys = [s["mops_median"] for s in pts]
+                lo = [s["mops_median"] - s["mops_min"] for s in pts]
+                hi = [s["mops_max"] - s["mops_median"] for s in pts]
+                ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=2, label=a,
+                            linestyle="--" if a == "null" else "-")
+            ax.set_title(w)
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(threads)
+            ax.set_xticklabels([str(t) + ("*" if t > cores else "") for t in threads])
+            ax.set_xlabel("threads (* oversubscribed)")
+            if j == 0:
+                ax.set_ylabel("Mops/s (median, range)")
+            ax.grid(alpha=0.3)
+            bars = [a for a in allocs if a not in ("system", "null")]
+            width = 0.8 / max(1, len(bars))
+            for k, a in enumerate(bars):
+                pts = {s["threads"]: s for s in summ if s["workload"] == w and s["allocator"] == a}
+                xs = [i + k * width for i, t in enumerate(threads) if t in pts]
+                ys = [pts[t]["ratio_median"] for t in threads if t in pts]
+                axr.bar(xs, ys, width=width, label=a)
+            axr.axhline(1.0, color="k", linewidth=0.8)
+            axr.set_xticks([i + 0.4 - width / 2 for i in range(len(threads))])
+            axr.set_xticklabels([str(t) for t in threads])
+            axr.set_xlabel("threads")
+            if j == 0:
+                axr.set_ylabel("ratio to system (glibc)")
+            axr.grid(alpha=0.3, axis="y")
+        axes[0][0].legend(fontsize=7)
+        axes[1][0].legend(fontsize=7)
+        m = self.meta.get("machine") or {}
+        fig.suptitle(f"kpool bench: {m.get('cpu', '')}, {m.get('cores', '')} cores", fontsize=10)
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        return Path(path)
+
+
+def _ok(r):
+    return r.get("error") is None and not r.get("corrupt") and r.get("ops_per_sec") is not None
+
+
+def load(path):
+    """Read a run written by Result.save()."""
+    with open(path) as f:
+        data = json.load(f)
+    if isinstance(data, list):
+        return Result(data, {})
+    if data.get("format") not in (None, "kpool-bench"):
+        raise ValueError(f"{path}: not a kpool bench run")
+    return Result(data.get("records", []), data.get("meta", {}))
+
+
+def compare(old, new):
+    """Markdown comparing two runs (Result or path): median Mops/s and ratio
+    to system, old -> new, per workload x threads x allocator."""
+    if not isinstance(old, Result):
+        old = load(old)
+    if not isinstance(new, Result):
+        new = load(new)
+    o = {(s["workload"], s["threads"], s["allocator"]): s for s in old.summary()}
+    lines = ["| workload | threads | allocator | old Mops/s | new Mops/s | change | old x system | new x system |",
+             "|---|---|---|---:|---:|---:|---:|---:|"]
+    for s in new.summary():
+        if s["workload"] in MEMORY_WORKLOADS:
+            continue
+        p = o.get((s["workload"], s["threads"], s["allocator"]))
+        if not p:
+            continue
+        ch = (s["mops_median"] / p["mops_median"] - 1) * 100 if p["mops_median"] else math.nan
+        lines.append(f"| {s['workload']} | {new._tlabel(s['threads'])} | {s['allocator']} | "
+                     f"{_fmt(p['mops_median'])} | {_fmt(s['mops_median'])} | {_fmt(ch, 1)}% | "
+                     f"{_fmt(p['ratio_median'], 2)} | {_fmt(s['ratio_median'], 2)} |")
+    od, nd = (old.meta.get("machine") or {}).get("date"), (new.meta.get("machine") or {}).get("date")
+    return f"Compared: old {od} -> new {nd}\n\n" + "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------
+# Running
+# ---------------------------------------------------------------------------
+def _as_list(x, default):
+    if x is None:
+        return list(default)
+    if isinstance(x, (str, int)):
+        return [x]
+    return list(x)
+
+
+class _Progress:
+    def __init__(self, total, enabled):
+        self.total, self.n, self.enabled, self.bar = total, 0, enabled, None
+        self.t0 = time.monotonic()
+        if enabled:
+            try:
+                from tqdm import tqdm
+                self.bar = tqdm(total=total, file=sys.stderr, unit="run", leave=False, dynamic_ncols=True)
+            except ImportError:
+                self.bar = None
+
+    def step(self, label):
+        self.n += 1
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.set_description(label, refresh=False)
+            self.bar.update(1)
+        else:
+            el = time.monotonic() - self.t0
+            sys.stderr.write(f"\r[{self.n}/{self.total}] {el:5.0f}s {label:<40.40}")
+            sys.stderr.flush()
+
+    def close(self):
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.close()
+        else:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+def _measure(exe, alloc, workload, threads, ops, seed, verify, size, burst_bytes, timeout):
+    cmd = [str(exe), "--workload", workload, "--allocator", alloc.driver, "--threads", str(threads),
+           "--ops", str(ops), "--seed", str(seed), "--verify" if verify else "--no-verify"]
+    if workload == "pairs" and size:
+        cmd += ["--size", str(size)]
+    if workload == "burst" and burst_bytes:
+        cmd += ["--burst-bytes", str(burst_bytes)]
+    preload = alloc.library if alloc.kind == "peer" else None
+    t0 = time.monotonic()
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_child_env(preload))
+        rc, stdout, stderr = out.returncode, out.stdout, out.stderr
+    except subprocess.TimeoutExpired:
+        rc, stdout, stderr = None, "", f"timed out after {timeout} s"
+    wall = time.monotonic() - t0
+    rec = None
+    for line in reversed((stdout or "").strip().splitlines()):
+        try:
+            rec = json.loads(line)
+            break
+        except ValueError:
+            continue
+    if rec is None:
+        rec = {"workload": workload, "threads": threads, "ops": 0, "seconds": None, "ops_per_sec": None,
+               "corrupt": 0, "error": (stderr or "").strip()[:300] or f"kpool-stress exit {rc}"}
+    rec["driver_allocator"] = rec.get("allocator", alloc.driver)
+    rec["allocator"] = alloc.name
+    rec["returncode"] = rc
+    rec["wall_seconds"] = round(wall, 4)
+    rec["command"] = shlex.join(cmd) if preload is None else f"LD_PRELOAD={preload} " + shlex.join(cmd)
+    if preload:
+        used = rec.get("malloc_library")
+        if used and os.path.realpath(used) != os.path.realpath(preload) and rec.get("error") is None:
+            rec["error"] = f"LD_PRELOAD of {preload} did not take (malloc from {used})"
+    if rc == 3 and not rec.get("error"):
+        rec["error"] = "corruption found"
+    if rc not in (0, 3) and rec.get("error") is None:
+        rec["error"] = (stderr or "").strip()[:300] or f"kpool-stress exit {rc}"
+    return rec
+
+
+def run(workloads=None, allocators=None, threads=None, ops=None, repeat=None, *, rounds=None, seed=1,
+        verify=False, size=32, burst_bytes=None, memory_rounds=None, timeout=300.0, progress=False,
+        stress=None, command=None):
+    """Run the benchmark and return a Result.
+
+    workloads   names (default MAIN_WORKLOADS + MEMORY_WORKLOADS)
+    allocators  names (default every available one); unavailable ones are
+                skipped and listed in result.meta["unavailable"]
+    threads     thread counts (default 1, 2, 8); burst and frag run with 1
+                unless given explicitly with memory workloads only
+    ops         ops per measurement over all threads: an int for every
+                workload, or a dict workload -> ops (default DEFAULT_OPS)
+    repeat      rounds (alias rounds=; default 5); memory workloads run
+                min(repeat, memory_rounds) rounds (default 2)
+    burst_bytes total bytes for burst (default 1 GiB)
+    progress    show progress on stderr (tqdm if installed)
+    stress      path of kpool-stress (default find_stress())
+    """
+    exe = Path(stress) if stress else find_stress()
+    if exe is None or not Path(exe).is_file():
+        raise FileNotFoundError("kpool-stress not found: install kpool, build csrc/ (make -C csrc), "
+                                "or set KPOOL_STRESS")
+    wls = [str(w) for w in _as_list(workloads, MAIN_WORKLOADS + MEMORY_WORKLOADS)]
+    for w in wls:
+        if w not in WORKLOADS:
+            raise ValueError(f"unknown workload {w!r}; one of {', '.join(WORKLOADS)}")
+    known = {a.name: a for a in globals()["allocators"]()}
+    names = [str(a) for a in _as_list(allocators, [a for a in ALLOCATORS if known[a].available])]
+    for a in names:
+        if a not in known:
+            raise ValueError(f"unknown allocator {a!r}; one of {', '.join(ALLOCATORS)}")
+    unavailable = {a: known[a].reason for a in names if not known[a].available}
+    if allocators is None:
+        unavailable.update({a.name: a.reason for a in known.values() if not a.available})
+    allocs = [known[a] for a in names if known[a].available]
+    if rounds is not None:
+        repeat = rounds
+    repeat = DEFAULT_ROUNDS if repeat is None else int(repeat)
+    if repeat < 1:
+        raise ValueError("repeat (rounds) must be >= 1")
+    tlist = [int(t) for t in _as_list(threads, DEFAULT_THREADS)]
+    if any(t < 1 for t in tlist):
+        raise ValueError("thread counts must be >= 1")
+    if isinstance(ops, dict):
+        opsmap = {**DEFAULT_OPS, **{str(k): int(v) for k, v in ops.items()}}
+    elif ops is None:
+        opsmap = dict(DEFAULT_OPS)
+    else:
+        opsmap = {w: int(ops) for w in WORKLOADS}
+    if any(v < 1 for v in opsmap.values()):
+        raise ValueError("ops must be >= 1")
+    burst_bytes = DEFAULT_BURST_BYTES if burst_bytes is None else int(burst_bytes)
+    mem_rounds = min(repeat, MEMORY_ROUNDS if memory_rounds is None else int(memory_rounds))
+    only_memory = all(w in MEMORY_WORKLOADS for w in wls)
+    mem_threads = tlist if (threads is not None and only_memory) else [1]
+
+    # the plan: rounds outermost, allocators rotated within each round
+    plan = []
+    for rnd in range(repeat):
+        for w in wls:
+            mem = w in MEMORY_WORKLOADS
+            if mem and rnd >= mem_rounds:
+                continue
+            cand = [a for a in allocs if (a.name != "kpool-pool" or w in ONE_SIZE_WORKLOADS)
+                    and not (mem and a.name == "null")]
+            if not cand:
+                continue
+            for t in (mem_threads if mem else tlist):
+                k = rnd % len(cand)
+                for pos, a in enumerate(cand[k:] + cand[:k]):
+                    plan.append((rnd, pos, w, t, a))
+
+    meta = {
+        "machine": machine_info(),
+        "command": command if command is not None else shlex.join([os.path.basename(sys.executable)] + sys.argv),
+        "stress": str(exe),
+        "params": {"workloads": wls, "allocators": [a.name for a in allocs], "threads": tlist,
+                   "memory_threads": mem_threads, "ops": {w: opsmap[w] for w in wls}, "rounds": repeat,
+                   "memory_rounds": mem_rounds, "seed": seed, "verify": bool(verify), "size": size,
+                   "burst_bytes": burst_bytes},
+        "libraries": {a.name: {"library": a.library, "version": a.version, "driver": a.driver} for a in allocs},
+        "unavailable": unavailable,
+    }
+    records = []
+    bar = _Progress(len(plan), bool(progress))
+    t0 = time.monotonic()
+    try:
+        for rnd, pos, w, t, a in plan:
+            bar.step(f"{w} t={t} {a.name} r{rnd + 1}")
+            rec = _measure(exe, a, w, t, opsmap[w], seed + rnd, verify, size, burst_bytes, timeout)
+            rec["round"] = rnd
+            rec["order"] = pos
+            rec["library"] = a.library
+            records.append(rec)
+    finally:
+        bar.close()
+    meta["elapsed_seconds"] = round(time.monotonic() - t0, 2)
+    return Result(records, meta)
+
+
+# ---------------------------------------------------------------------------
+# Command line: python -m kpool bench [...]
+# ---------------------------------------------------------------------------
+def _csv(s):
+    return [x.strip() for x in s.split(",") if x.strip()]
+
+
+def main(argv=None):
+    """``python -m kpool bench``: run the comparison and print the table."""
+    import argparse
+    p = argparse.ArgumentParser(prog="python -m kpool bench",
+                                description="Benchmark kpool against glibc, jemalloc, tcmalloc and mimalloc.")
+    p.add_argument("--workloads", type=_csv, help=f"comma list (default {','.join(WORKLOADS)})")
+    p.add_argument("--allocators", type=_csv, help="comma list (default: every available one)")
+    p.add_argument("--threads", type=_csv, help="comma list of thread counts (default 1,2,8)")
+    p.add_argument("--ops", type=int, help="ops per measurement for every workload (default per workload)")
+    p.add_argument("--rounds", type=int, help=f"rounds (default {DEFAULT_ROUNDS}; --quick 3)")
+    p.add_argument("--burst-bytes", type=int, help="bytes for burst (default 1 GiB; --quick 128 MiB)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--verify", action="store_true", help="stamp and check every block (slower)")
+    p.add_argument("--quick", action="store_true", help="a short run (under 20 s)")
+    p.add_argument("--save", metavar="PATH", help="write the run as JSON")
+    p.add_argument("--plot", metavar="PATH", help="write a PNG of thread scaling and ratios")
+    p.add_argument("--compare", metavar="OLD.json", help="compare with a saved run")
+    p.add_argument("--load", metavar="RUN.json", help="do not run: show a saved run")
+    p.add_argument("--list", action="store_true", help="list workloads and allocators and exit")
+    p.add_argument("--no-progress", action="store_true")
+    a = p.parse_args(argv)
+
+    if a.list:
+        print("workloads:")
+        for w in workloads():
+            print(f"  {w:<10} {w.description}")
+        print("allocators:")
+        for al in allocators():
+            state = "available" if al.available else f"unavailable: {al.reason}"
+            print(f"  {al:<10} {state}" + (f" ({al.version})" if al.available and al.version else ""))
+        return 0
+
+    if a.load:
+        res = load(a.load)
+    else:
+        threads = [int(t) for t in a.threads] if a.threads else None
+        ops, rounds, burst = a.ops, a.rounds, a.burst_bytes
+        if a.quick:
+            threads = threads or [1, 2]
+            rounds = rounds or 3
+            ops = ops or {w: max(1, v // 10) for w, v in DEFAULT_OPS.items()}
+            burst = burst or (128 << 20)
+        mem_rounds = 1 if a.quick else None
+        try:
+            res = run(workloads=a.workloads, allocators=a.allocators, threads=threads, ops=ops, repeat=rounds,
+                      seed=a.seed, verify=a.verify, burst_bytes=burst, memory_rounds=mem_rounds,
+                      progress=not a.no_progress,
+                      command=shlex.join(["python", "-m", "kpool", "bench"] + list(argv if argv is not None
+                                                                                    else sys.argv[1:])))
+        except (ValueError, FileNotFoundError) as e:
+            print(f"kpool bench: {e}", file=sys.stderr)
+            return 2
+    m = res.meta.get("machine") or {}
+    print(f"kpool bench: {m.get('cpu')} ({m.get('cores')} cores), Linux {m.get('kernel')}, "
+          f"Python {m.get('python')}, {m.get('glibc')}, kpool {m.get('kpool')}")
+    libs = res.meta.get("libraries") or {}
+    peers = [f"{k} {v.get('version')}" for k, v in libs.items() if v.get("library")]
+    if peers:
+        print("peers: " + "; ".join(peers))
+    if res.meta.get("command"):
+        print(f"command: {res.meta['command']}")
+    print()
+    print(res.table())
+    if a.save:
+        res.save(a.save)
+        print(f"saved: {a.save}")
+    if a.plot:
+        try:
+            res.plot(a.plot)
+            print(f"plot: {a.plot}")
+        except ImportError as e:
+            print(f"kpool bench: --plot needs matplotlib ({e})", file=sys.stderr)
+    if a.compare:
+        print()
+        print(compare(a.compare, res))
+    bad = [r for r in res.records if r.get("corrupt")]
+    return 3 if bad else 0
