@@ -71,14 +71,15 @@ _PEERS = {
 }
 
 # Operations per measurement (over all threads) for the default run: each
-# measurement lasts about 0.05-0.3 s with glibc on a 2-core machine, so the
-# whole default comparison fits in about two minutes. frag: blocks.
+# measurement lasts about 0.1-0.5 s with glibc on a 2-core machine, so the
+# whole default comparison (with burst and frag) fits in about two minutes.
+# frag: blocks; burst: ignored (burst_bytes sets its size).
 DEFAULT_OPS = {
-    "pairs": 5_000_000,
-    "mixed": 3_000_000,
-    "random": 3_000_000,
-    "larson": 2_000_000,
-    "prodcons": 1_000_000,
+    "pairs": 25_000_000,
+    "mixed": 15_000_000,
+    "random": 15_000_000,
+    "larson": 10_000_000,
+    "prodcons": 5_000_000,
     "burst": 1,
     "frag": 1_000_000,
 }
@@ -830,6 +831,8 @@ def run(workloads=None, allocators=None, threads=None, ops=None, repeat=None, *,
     finally:
         bar.close()
     meta["elapsed_seconds"] = round(time.monotonic() - t0, 2)
+    if not meta["machine"].get("kpool"):
+        meta["machine"]["kpool"] = next((r["kpool_version"] for r in records if r.get("kpool_version")), None)
     return Result(records, meta)
 
 

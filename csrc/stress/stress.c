@@ -1254,6 +1254,8 @@ char *kps_finish(kps_run *r) {
     else sb_printf(&b, ",\"size\":null");
     sb_printf(&b, ",\"preload\":");
     sb_str(&b, r->preload[0] ? r->preload : NULL);
+    sb_printf(&b, ",\"kpool_version\":");
+    sb_str(&b, kp_version());
     sb_printf(&b, ",\"malloc_library\":");
     sb_str(&b, malloc_library());
     if (r->wl == WL_LARSON) {
