@@ -391,7 +391,10 @@ static PyObject *kpy_stress(PyObject *module, PyObject *args, PyObject *kwds) {
     cfg.burst_bytes = (size_t)burst;
     char err[512] = "";
     kps_run *run = NULL;
-    int rc = kps_start(&cfg, &run, err, sizeof err);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS  /* setting up a large run maps and touches memory */
+    rc = kps_start(&cfg, &run, err, sizeof err);
+    Py_END_ALLOW_THREADS
     if (rc == -1) {
         PyErr_Format(PyExc_ValueError, "stress: %s", err[0] ? err : "bad configuration");
         return NULL;
