@@ -1,0 +1,259 @@
+"""kpool.bench: workloads(), allocators(), run() with interleaved rounds,
+the Result conversions (numpy, pandas, markdown, JSON round trip, plot),
+compare(), and the command line `python -m kpool bench`."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import kpool
+from kpool import bench
+
+OPS = 20000
+MAIN = ["pairs", "mixed", "random", "larson", "prodcons"]
+
+
+@pytest.fixture(scope="module")
+def avail():
+    return [a for a in bench.allocators() if a.available]
+
+
+@pytest.fixture(scope="module")
+def tiny(avail):
+    names = ["system", "kpool", "null"] + [a.name for a in avail if a.kind == "peer"]
+    return bench.run(workloads=["pairs", "mixed", "larson"], allocators=names + ["kpool-pool"],
+                     threads=[1, 2], ops=OPS, repeat=2)
+
+
+def test_workloads_are_the_contract():
+    ws = bench.workloads()
+    assert [str(w) for w in ws] == ["pairs", "mixed", "random", "larson", "prodcons", "burst", "frag"]
+    for w in ws:
+        assert w.name == w and w["name"] == w and isinstance(w.description, str)
+    assert {w.name for w in ws if w.memory} == {"burst", "frag"}
+
+
+def test_allocators_listed_with_availability():
+    al = {a.name: a for a in bench.allocators()}
+    assert set(al) == {"system", "jemalloc", "tcmalloc", "mimalloc", "kpool", "kpool-pool", "null"}
+    for name in ("system", "kpool", "kpool-pool", "null"):
+        assert al[name].available, al[name].reason
+    for name in ("jemalloc", "tcmalloc", "mimalloc"):
+        a = al[name]
+        assert a.kind == "peer" and a.driver == "system"
+        if a.available:
+            assert a.reason is None and Path(a.library).exists()
+        else:
+            assert isinstance(a.reason, str) and a.reason
+
+
+def test_missing_peer_is_unavailable_not_faked(monkeypatch):
+    monkeypatch.setattr(bench, "_find_lib", lambda fname: None)
+    al = {a.name: a for a in bench.allocators()}
+    for name, so in (("jemalloc", "libjemalloc.so.2"), ("tcmalloc", "libtcmalloc_minimal.so.4"),
+                     ("mimalloc", "libmimalloc.so.2")):
+        assert not al[name].available
+        assert so in al[name].reason
+    res = bench.run(workloads=["pairs"], threads=[1], ops=1000, repeat=1)
+    assert {r["allocator"] for r in res.records}.isdisjoint({"jemalloc", "tcmalloc", "mimalloc"})
+    assert "jemalloc" in res.meta["unavailable"]
+    assert "Not measured: jemalloc" in res.table()
+
+
+def test_preload_that_does_not_take_is_detected(tmp_path):
+    bogus = tmp_path / "libnot-an-allocator.so"
+    bogus.write_bytes(b"not an ELF file")
+    why = bench._probe_preload(bench.find_stress(), bogus)
+    assert why is not None
+
+
+def test_stress_executable_found():
+    exe = bench.find_stress()
+    assert exe is not None and exe.is_file()
+    out = subprocess.run([str(exe), "--list"], capture_output=True, text=True, check=True)
+    lst = json.loads(out.stdout)
+    assert lst["workloads"] == [str(w) for w in bench.workloads()]
+    assert set(lst["allocators"]) == {"kpool", "kpool-pool", "system", "null"}
+    assert subprocess.run([str(exe), "--threads", "0"], capture_output=True).returncode == 2
+    assert subprocess.run([str(exe), "--workload", "nope"], capture_output=True).returncode == 2
+    assert subprocess.run([str(exe), "--bogus"], capture_output=True).returncode == 2
+    out = subprocess.run([str(exe), "--workload", "larson", "--threads", "2", "--ops", "5000", "--verify"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    rec = json.loads(out.stdout)
+    assert rec["corrupt"] == 0 and rec["verify"] is True and rec["allocator"] == "kpool"
+
+
+def test_tiny_run_records(tiny, avail):
+    recs = tiny.records
+    assert tiny.rows is recs
+    names = {"system", "kpool", "null", "kpool-pool"} | {a.name for a in avail if a.kind == "peer"}
+    assert {r["allocator"] for r in recs} == names
+    for r in recs:
+        assert r["error"] is None, r
+        assert r["corrupt"] == 0
+        assert r["ops"] == OPS
+        assert r["ops_per_sec"] > 0
+        assert r["round"] in (0, 1)
+    # kpool-pool only for the one-size workload
+    assert {r["workload"] for r in recs if r["allocator"] == "kpool-pool"} == {"pairs"}
+    # one record per workload x allocator x threads x round
+    keys = [(r["workload"], r["allocator"], r["threads"], r["round"]) for r in recs]
+    assert len(keys) == len(set(keys))
+    # ratio to system within the same round; system is 1
+    for r in recs:
+        if r["allocator"] == "system":
+            assert r["ratio_to_system"] == pytest.approx(1.0)
+        else:
+            base = [s for s in recs if s["allocator"] == "system" and s["workload"] == r["workload"]
+                    and s["threads"] == r["threads"] and s["round"] == r["round"]][0]
+            assert r["ratio_to_system"] == pytest.approx(r["ops_per_sec"] / base["ops_per_sec"])
+    # peers really ran under their preload
+    for r in recs:
+        a = next(a for a in avail if a.name == r["allocator"])
+        if a.kind == "peer":
+            assert os.path.realpath(r["malloc_library"]) == os.path.realpath(a.library)
+            assert r["command"].startswith("LD_PRELOAD=")
+        else:
+            assert "LD_PRELOAD" not in r["command"]
+
+
+def test_rotating_order(tiny):
+    def order(rnd):
+        rs = [r for r in tiny.records if r["workload"] == "mixed" and r["threads"] == 1 and r["round"] == rnd]
+        return [r["allocator"] for r in sorted(rs, key=lambda r: r["order"])]
+    o0, o1 = order(0), order(1)
+    assert sorted(o0) == sorted(o1)
+    assert o1 == o0[1:] + o0[:1]
+
+
+def test_to_numpy(tiny):
+    np = pytest.importorskip("numpy")
+    arr = tiny.to_numpy()
+    assert isinstance(arr, np.ndarray) and len(arr) == len(tiny.records)
+    for f in ("workload", "allocator", "threads", "round", "ops", "seconds", "ops_per_sec", "p50_ns", "p99_ns",
+              "p999_ns", "max_ns", "peak_rss", "final_rss", "ratio_to_system"):
+        assert f in arr.dtype.names
+    assert set(arr["allocator"]) >= {"system", "kpool", "null"}
+    assert (arr["ops"] == OPS).all()
+    assert (arr["ops_per_sec"] > 0).all()
+    sysrows = arr[arr["allocator"] == "system"]
+    assert np.allclose(sysrows["ratio_to_system"], 1.0)
+
+
+def test_to_pandas(tiny):
+    pytest.importorskip("pandas")
+    df = tiny.to_pandas()
+    assert len(df) == len(tiny.records)
+    assert {"workload", "allocator", "threads", "round", "ops_per_sec"} <= set(df.columns)
+
+
+def test_summary_and_table(tiny):
+    summ = tiny.summary()
+    assert {(s["workload"], s["threads"], s["allocator"]) for s in summ} == {
+        (r["workload"], r["threads"], r["allocator"]) for r in tiny.records}
+    for s in summ:
+        assert s["rounds"] == 2 and s["ok"] == 2
+        assert s["mops_min"] <= s["mops_median"] <= s["mops_max"]
+    text = tiny.table()
+    assert "| workload | threads | allocator | Mops/s |" in text
+    assert "| pairs | 1 | kpool |" in text
+    assert "x system" in text
+    assert "null allocator" in text
+
+
+def test_oversubscribed_label():
+    n = (os.cpu_count() or 1) + 1
+    res = bench.run(workloads=["pairs"], allocators=["system", "kpool"], threads=[n], ops=2000, repeat=1)
+    assert f"| {n} (oversubscribed) |" in res.table()
+
+
+def test_save_load_round_trip(tiny, tmp_path):
+    p = tmp_path / "run.json"
+    tiny.save(p)
+    data = json.loads(p.read_text())
+    m = data["meta"]["machine"]
+    for k in ("cpu", "cores", "kernel", "python", "kpool", "date"):
+        assert m.get(k) is not None, k
+    assert data["meta"]["command"]
+    assert "libraries" in data["meta"]
+    back = bench.load(p)
+    assert isinstance(back, bench.Result)
+    assert back.records == json.loads(json.dumps(tiny.records))
+    assert back.table() == tiny.table()
+    assert "|" in bench.compare(tiny, back)
+    assert "|" in bench.compare(p, p)
+
+
+def test_plot(tiny, tmp_path):
+    pytest.importorskip("matplotlib")
+    p = tmp_path / "run.png"
+    tiny.plot(p)
+    assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_memory_workloads():
+    res = bench.run(workloads=["burst", "frag"], allocators=["system", "kpool"], ops={"frag": OPS}, repeat=1,
+                    burst_bytes=4 << 20)
+    recs = {(r["workload"], r["allocator"]): r for r in res.records}
+    assert set(recs) == {("burst", "system"), ("burst", "kpool"), ("frag", "system"), ("frag", "kpool")}
+    for r in recs.values():
+        assert r["error"] is None and r["corrupt"] == 0
+    b = recs[("burst", "kpool")]
+    assert b["rss_full"] > 0 and b["rss_after_1s"] is not None and b["trim"] == "kp_trim"
+    assert recs[("burst", "system")]["trim"] == "malloc_trim"
+    assert recs[("frag", "kpool")]["frag_ratio_refill"] > 0
+    text = res.table()
+    assert "Burst:" in text and "Frag:" in text
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError):
+        bench.run(workloads=["nope"], ops=100, repeat=1)
+    with pytest.raises(ValueError):
+        bench.run(workloads=["pairs"], allocators=["nope"], ops=100, repeat=1)
+    with pytest.raises(ValueError):
+        bench.run(workloads=["pairs"], allocators=["system"], ops=100, repeat=0)
+    with pytest.raises(ValueError):
+        bench.run(workloads=["pairs"], allocators=["system"], ops=100, threads=[0], repeat=1)
+
+
+def _cli(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "kpool", "bench", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=os.path.dirname(os.path.abspath(kpool.__file__)) + "/..")
+
+
+def test_cli_small_run(tmp_path):
+    save = tmp_path / "cli.json"
+    out = _cli("--workloads", "pairs,mixed", "--threads", "1,2", "--rounds", "2", "--ops", str(OPS),
+               "--save", str(save), "--no-progress")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "| pairs | 1 | kpool |" in out.stdout
+    assert "command: python -m kpool bench" in out.stdout
+    res = bench.load(save)
+    assert {r["workload"] for r in res.records} == {"pairs", "mixed"}
+    out2 = _cli("--load", str(save), "--compare", str(save))
+    assert out2.returncode == 0, out2.stderr[-2000:]
+    assert "old Mops/s" in out2.stdout
+
+
+def test_cli_list_and_errors():
+    out = _cli("--list")
+    assert out.returncode == 0
+    assert "pairs" in out.stdout and "kpool-pool" in out.stdout
+    bad = _cli("--workloads", "nope", "--no-progress")
+    assert bad.returncode == 2
+    assert "unknown workload" in bad.stderr
+
+
+def test_import_needs_only_stdlib():
+    code = ("import sys, importlib.util; "
+            "spec = importlib.util.spec_from_file_location('b', sys.argv[1]); m = importlib.util.module_from_spec(spec); "
+            "spec.loader.exec_module(m); "
+            "bad = [x for x in ('numpy', 'pandas', 'matplotlib', 'tqdm') if x in sys.modules]; "
+            "print(bad); sys.exit(1 if bad else 0)")
+    out = subprocess.run([sys.executable, "-c", code, bench.__file__], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
