@@ -81,7 +81,7 @@ static void *small_alloc_slow(unsigned cls, size_t size) {
         }
         if (p) {
             KP_STAT_BUMP(l->allocs, 1);
-            KP_STAT_BUMP(tc->counters.requested, size);
+            KP_STAT_BUMP(l->requested, size);
         }
     }
     if (!p) {
@@ -99,9 +99,9 @@ static inline __attribute__((always_inline)) void *small_alloc(unsigned cls, siz
         void *p = l->head;
         if (KP_LIKELY(p != NULL)) {
             l->head = *(void **)p;
-            KP_STORE(l->count, KP_LOAD(l->count) - 1);
+            KP_BUMP(l->count, -1);
             KP_STAT_BUMP(l->allocs, 1);
-            KP_STAT_BUMP(tc->counters.requested, size);
+            KP_STAT_BUMP(l->requested, size);
             if (KP_DEBUG) (void)DEBUG_MARK(p, 1, "kp_malloc");
             return p;
         }
@@ -109,11 +109,10 @@ static inline __attribute__((always_inline)) void *small_alloc(unsigned cls, siz
     return small_alloc_slow(cls, size);
 }
 
-#define UNKNOWN_SIZE ((size_t)-1)
-
-/* Push p (class cls, `requested` bytes or UNKNOWN_SIZE) on tc's list. */
-static inline __attribute__((always_inline)) void small_push(kp_tcache *tc, void *p, unsigned cls, size_t requested,
-                                                             const char *call) {
+/* Push p (class cls) on tc's list; `sized` (a constant at every call) says
+ * whether `requested` holds the size asked for p. */
+static inline __attribute__((always_inline)) void small_push(kp_tcache *tc, void *p, unsigned cls, int sized,
+                                                             size_t requested, const char *call) {
     kp_tlist *l = &tc->lists[cls];
     void *head = l->head;
     if (KP_UNLIKELY(head == p)) {
@@ -122,34 +121,34 @@ static inline __attribute__((always_inline)) void small_push(kp_tcache *tc, void
     }
     *(void **)p = head;
     l->head = p;
-    uint32_t n = KP_LOAD(l->count) + 1;
-    KP_STORE(l->count, n);
-    if (requested != UNKNOWN_SIZE) KP_STAT_BUMP(tc->counters.requested, -(uint64_t)requested);
-    else KP_STAT_BUMP(l->unsized_frees, 1);
-    if (KP_UNLIKELY(n > l->max)) _kp_tcache_overflow(tc, cls);
+    KP_BUMP(l->count, 1);
+    if (sized) KP_STAT_BUMP(l->requested, -(uint64_t)requested);
+    else KP_STAT_BUMP(tc->moves[cls].unsized_frees, 1);
+    if (KP_UNLIKELY(KP_LOAD(l->count) > l->max)) _kp_tcache_overflow(tc, cls);
 }
 
 /* A free by a thread whose cache does not exist yet (or any more). */
-static __attribute__((noinline)) void small_free_uncached(void *p, unsigned cls, size_t requested, const char *call) {
+static __attribute__((noinline)) void small_free_uncached(void *p, unsigned cls, int sized, size_t requested,
+                                                          const char *call) {
     kp_tcache *tc = _kp_tcache_get();
     if (tc) {
-        small_push(tc, p, cls, requested, call);
+        small_push(tc, p, cls, sized, requested, call);
         return;
     }
     *(void **)p = NULL;
     _kp_central_return(cls, p, 1);
-    _kp_tcache_count_uncached(cls, 0, requested != UNKNOWN_SIZE ? requested : _kp_classes[cls].size);
+    _kp_tcache_count_uncached(cls, 0, sized ? requested : _kp_classes[cls].size);
 }
 
-static inline __attribute__((always_inline)) void small_free(void *p, unsigned cls, size_t requested,
+static inline __attribute__((always_inline)) void small_free(void *p, unsigned cls, int sized, size_t requested,
                                                              const char *call) {
     if (KP_DEBUG && DEBUG_MARK(p, 0, call) != 0) return;
     kp_tcache *tc = _kp_tls_tcache;
     if (KP_UNLIKELY(tc == NULL)) {
-        small_free_uncached(p, cls, requested, call);
+        small_free_uncached(p, cls, sized, requested, call);
         return;
     }
-    small_push(tc, p, cls, requested, call);
+    small_push(tc, p, cls, sized, requested, call);
 }
 
 /* ---- large blocks ----------------------------------------------------------------- */
@@ -226,7 +225,7 @@ static inline int small_class_ok(unsigned cls) { return cls - 1u < KP_NUM_CLASSE
 void kp_free(void *p) {
     unsigned cls = _kp_pagemap_class(p);
     if (KP_LIKELY(small_class_ok(cls))) {
-        small_free(p, cls, UNKNOWN_SIZE, "kp_free");
+        small_free(p, cls, 0, 0, "kp_free");
         return;
     }
     if (p) free_other(p, "kp_free");
@@ -242,7 +241,7 @@ void kp_free_sized(void *p, size_t size) {
             _kp_error("kp_free_sized", p, "size is larger than the block");
             return;
         }
-        small_free(p, cls, size, "kp_free_sized");
+        small_free(p, cls, 1, size, "kp_free_sized");
         return;
     }
     if (p) free_other(p, "kp_free_sized");

@@ -154,17 +154,18 @@ typedef struct kp_central {
  * KP_TCACHE_MAX_BYTES; a list that wants to grow past it takes budget from
  * the list holding the most. Frees are not counted per operation: per class,
  *   frees == allocs + count - fetched + returned.                          */
-typedef struct kp_tlist {
+typedef struct kp_tlist {          /* one cache line holds two lists */
     void *head;
     _Atomic uint32_t count;         /* count <= max */
     uint32_t max;
     _Atomic uint64_t allocs;
-    _Atomic uint64_t unsized_frees; /* frees that did not tell the request size */
+    _Atomic uint64_t requested;     /* + request at alloc, - request at sized free (wraps) */
 } kp_tlist;
 
 typedef struct kp_tmoves {          /* objects moved by the slow paths */
     _Atomic uint64_t fetched;       /* central -> this list */
     _Atomic uint64_t returned;      /* this list -> central */
+    _Atomic uint64_t unsized_frees; /* frees that did not tell the request size */
 } kp_tmoves;
 
 typedef struct kp_pool_cache {      /* a thread's cache of one unbounded pool */
@@ -180,7 +181,6 @@ typedef struct kp_thread_counters {  /* per thread; summed on read */
     _Atomic uint64_t tcache_misses;
     _Atomic uint64_t central_fetches;   /* batches */
     _Atomic uint64_t central_returns;   /* batches */
-    _Atomic uint64_t requested;         /* + request at alloc, - request at sized free (wraps) */
 } kp_thread_counters;
 
 typedef struct kp_tcache {

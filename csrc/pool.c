@@ -402,7 +402,7 @@ void *kp_pool_alloc(kp_pool *pool) {
         void *p = pc->head;
         if (KP_LIKELY(p != NULL && KP_LOAD(pc->pool_id) == pool->id)) {
             pc->head = *(void **)p;
-            KP_STORE(pc->count, KP_LOAD(pc->count) - 1);
+            KP_BUMP(pc->count, -1);
             KP_BUMP(pc->allocs, 1);
             return p;
         }
@@ -413,10 +413,9 @@ void *kp_pool_alloc(kp_pool *pool) {
 static inline __attribute__((always_inline)) void cached_push(kp_pool *pool, kp_pool_cache *pc, void *p) {
     *(void **)p = pc->head;
     pc->head = p;
-    uint32_t n = KP_LOAD(pc->count) + 1;
-    KP_STORE(pc->count, n);
+    KP_BUMP(pc->count, 1);
     KP_BUMP(pc->frees, 1);
-    if (KP_UNLIKELY(n > 2 * pool->batch)) (void)push_batch(pool, pc, pool->batch);
+    if (KP_UNLIKELY(KP_LOAD(pc->count) > 2 * pool->batch)) (void)push_batch(pool, pc, pool->batch);
 }
 
 /* Everything but the common case: bad pointers, locked mode, a thread

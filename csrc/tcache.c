@@ -168,13 +168,13 @@ static void add_totals(kp_tcache_totals *t, const kp_tcache *tc) {
         uint32_t count = KP_LOAD(tc->lists[c].count);
         t->allocs[c] += allocs;
         t->frees[c] += allocs + count - KP_LOAD(tc->moves[c].fetched) + KP_LOAD(tc->moves[c].returned);
-        t->unsized[c] += KP_LOAD(tc->lists[c].unsized_frees);
+        t->unsized[c] += KP_LOAD(tc->moves[c].unsized_frees);
+        t->requested += KP_LOAD(tc->lists[c].requested);
         t->cached[c] += count;
     }
     t->tcache_misses += KP_LOAD(tc->counters.tcache_misses);
     t->central_fetches += KP_LOAD(tc->counters.central_fetches);
     t->central_returns += KP_LOAD(tc->counters.central_returns);
-    t->requested += KP_LOAD(tc->counters.requested);
 }
 
 void _kp_tcache_totals(kp_tcache_totals *out) {
