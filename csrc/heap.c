@@ -122,8 +122,8 @@ static inline __attribute__((always_inline)) void small_push(kp_tcache *tc, void
     *(void **)p = head;
     l->head = p;
     KP_BUMP(l->count, 1);
-    if (sized) KP_STAT_BUMP(l->requested, -(uint64_t)requested);
     (void)requested;
+    if (sized) KP_STAT_BUMP(l->requested, -(uint64_t)requested);
     else KP_STAT_BUMP(tc->moves[cls].unsized_frees, 1);
     if (KP_UNLIKELY(KP_LOAD(l->count) > l->max)) _kp_tcache_overflow(tc, cls);
 }
