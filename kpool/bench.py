@@ -542,9 +542,12 @@ class Result:
         path = Path(path)
         if path.parent and not path.parent.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
+        d = self.to_dict()
+        head = {k: v for k, v in d.items() if k != "records"}
+        text = json.dumps(head, indent=1, default=str)[:-2]     # without the closing brace
+        recs = ",\n".join(json.dumps(r, default=str) for r in d["records"])   # one record a line
         with open(path, "w") as f:
-            json.dump(self.to_dict(), f, indent=1, sort_keys=False, default=str)
-            f.write("\n")
+            f.write(text + ',\n "records": [\n' + recs + "\n ]\n}\n")
         return path
 
     def plot(self, path):
