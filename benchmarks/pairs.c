@@ -6,6 +6,7 @@
  *   cc -O2 -Icsrc/include benchmarks/pairs.c -o /tmp/pairs -Lcsrc/build -lkpool -Wl,-rpath,$PWD/csrc/build
  *   /tmp/pairs [PAIRS_PER_ROUND] [ROUNDS]
  */
+#define _POSIX_C_SOURCE 200809L
 #include "kpool.h"
 
 #include <stdio.h>
