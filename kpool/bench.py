@@ -579,7 +579,7 @@ class Result:
                 ys = [s["mops_median"] for s in pts]
                 lo = [s["mops_median"] - s["mops_min"] for s in pts]
                 hi = [s["mops_max"] - s["mops_median"] for s in pts]
-                ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=2, label=a,
+                ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=2, label=a, color=_color(a),
                             linestyle="--" if a == "null" else "-")
             ax.set_title(w)
             ax.set_xscale("log", base=2)
@@ -595,7 +595,7 @@ class Result:
                 pts = {s["threads"]: s for s in summ if s["workload"] == w and s["allocator"] == a}
                 xs = [i + k * width for i, t in enumerate(threads) if t in pts]
                 ys = [pts[t]["ratio_median"] for t in threads if t in pts]
-                axr.bar(xs, ys, width=width, label=a)
+                axr.bar(xs, ys, width=width, label=a, color=_color(a))
             axr.axhline(1.0, color="k", linewidth=0.8)
             axr.set_xticks([i + 0.4 - width / 2 for i in range(len(threads))])
             axr.set_xticklabels([str(t) for t in threads])
@@ -611,6 +611,11 @@ class Result:
         fig.savefig(path, dpi=100)
         plt.close(fig)
         return Path(path)
+
+
+def _color(a):
+    """One colour per allocator in every chart."""
+    return f"C{ALLOCATORS.index(a) % 10}" if a in ALLOCATORS else None
 
 
 def _ok(r):
