@@ -17,6 +17,54 @@ kpool.get_include()) share one process-wide heap.
 """
 
 import os as _os
+import sys as _sys
+
+_HERE = _os.path.dirname(_os.path.abspath(__file__))
+
+
+def _has_core(folder):
+    """True if folder holds a kpool._core built for this interpreter."""
+    from importlib.machinery import EXTENSION_SUFFIXES
+
+    return any(_os.path.exists(_os.path.join(folder, "_core" + suffix)) for suffix in EXTENSION_SUFFIXES)
+
+
+def _installed_copy():
+    """In a source checkout that was never built in place (the current
+    folder is the repository root, so `import kpool` finds the sources
+    first), load the kpool that `pip install .` put on sys.path instead and
+    return it; None if there is none."""
+    import importlib.machinery
+    import importlib.util
+
+    others = [p for p in _sys.path
+              if _os.path.realpath(_os.path.join(_os.path.abspath(p or _os.getcwd()), "kpool")) != _os.path.realpath(_HERE)]
+    spec = importlib.machinery.PathFinder.find_spec(__name__, others)
+    if spec is None or not spec.submodule_search_locations or not spec.origin:
+        return None
+    if not _has_core(_os.path.dirname(spec.origin)):
+        return None
+    module = importlib.util.module_from_spec(spec)
+    _sys.modules[__name__] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        _sys.modules.pop(__name__, None)
+        raise
+    return module
+
+
+if __name__ == "kpool" and not _has_core(_HERE) and _installed_copy() is not None:
+    # sys.modules["kpool"] is now the installed package, which `import kpool`
+    # returns; the rest of this file runs once more against it, harmlessly.
+    pass
+
+try:
+    from . import _core as _core_module  # noqa: F401
+except ImportError as _exc:
+    raise ImportError(
+        "kpool's extension kpool._core is not built: install the package with `pip install .` "
+        "(or build it in place with `pip install -e .`)") from _exc
 
 from ._core import (  # noqa: F401  (re-exported API)
     Arena,
@@ -54,8 +102,6 @@ __all__ = [
     "PoolExhausted",
     "CorruptionError",
 ]
-
-_HERE = _os.path.dirname(_os.path.abspath(__file__))
 
 
 def get_include():
