@@ -69,8 +69,11 @@ class kpool_build_ext(build_ext):
         cc.macros, cc.libraries = [], []
         return cc
 
+    extra_outputs = ()  # (path under the build folder, path relative to the package)
+
     def build_extensions(self):
         pkgdir = os.path.dirname(self.get_ext_fullpath("kpool._core"))
+        self.extra_outputs = []
         os.makedirs(pkgdir, exist_ok=True)
         tmp = os.path.join(self.build_temp, "kpool-core")
         cc = self._plain_compiler()
@@ -81,11 +84,13 @@ class kpool_build_ext(build_ext):
                           extra_postargs=CORE_FLAGS, depends=self._core_headers())
         lib = os.path.join(pkgdir, "libkpool.so")
         cc.link_shared_object(objs, lib, extra_postargs=["-Wl,-soname,libkpool.so", "-pthread", "-lm"])
+        self.extra_outputs.append((lib, "libkpool.so"))
 
         # 2. the header, for kpool.get_include()
         incdir = os.path.join(pkgdir, "include")
         os.makedirs(incdir, exist_ok=True)
         shutil.copyfile(os.path.join(CSRC, "include", "kpool.h"), os.path.join(incdir, "kpool.h"))
+        self.extra_outputs.append((os.path.join(incdir, "kpool.h"), os.path.join("include", "kpool.h")))
 
         # 3. the stress driver: one object for the extension, plus the executable
         stress_c, main_c = stress_source("stress.c"), stress_source("main.c")
@@ -99,6 +104,7 @@ class kpool_build_ext(build_ext):
                 cc.link_executable(stress_objs + main_objs, "kpool-stress", output_dir=pkgdir,
                                    library_dirs=[pkgdir], libraries=["kpool", "dl", "m"],
                                    extra_postargs=["-Wl,-rpath,$ORIGIN", "-pthread"])
+                self.extra_outputs.append((os.path.join(pkgdir, "kpool-stress"), "kpool-stress"))
 
         # 4. the binding, linked to the libkpool.so above
         werror = ["-Werror"] if os.environ.get("KPOOL_WERROR") == "1" else []
@@ -109,6 +115,19 @@ class kpool_build_ext(build_ext):
             if stress_c:
                 ext.define_macros = list(ext.define_macros or []) + [("KPOOL_HAVE_STRESS", "1")]
         super().build_extensions()
+
+    def get_outputs(self):
+        return super().get_outputs() + [path for path, _ in self.extra_outputs]
+
+    def copy_extensions_to_source(self):
+        """In-place builds (pip install -e ., build_ext --inplace): the core
+        library, the header and kpool-stress go next to the extension too."""
+        super().copy_extensions_to_source()
+        dest = self.get_finalized_command("build_py").get_package_dir("kpool")
+        for path, rel in self.extra_outputs:
+            target = os.path.join(dest, rel)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            shutil.copy2(path, target)
 
     @staticmethod
     def _core_headers():
