@@ -46,7 +46,8 @@ def test_get_library_is_the_shared_core():
 def test_extension_links_the_shipped_library():
     """_core resolves libkpool.so from its own folder ($ORIGIN): one heap."""
     core = kpool._core.__file__
-    maps = open("/proc/self/maps").read()
+    with open("/proc/self/maps") as f:
+        maps = f.read()
     libs = {line.split()[-1] for line in maps.splitlines() if line.endswith("libkpool.so")}
     assert libs, "libkpool.so is not mapped"
     assert {os.path.realpath(p) for p in libs} == {os.path.realpath(kpool.get_library())}
@@ -117,7 +118,8 @@ def test_stub_file_and_py_typed_are_installed():
     assert os.path.isfile(os.path.join(pkg, "py.typed"))
     stub = os.path.join(pkg, "_core.pyi")
     assert os.path.isfile(stub)
-    text = open(stub).read()
+    with open(stub) as f:
+        text = f.read()
     for name in ("class Block", "class BufferPool", "class Arena", "def malloc", "def stats", "def stress",
                  "class PoolExhausted"):
         assert name in text
