@@ -144,11 +144,11 @@ static void arena_dealloc(kpy_arena *self) {
 
 static PyMethodDef arena_methods[] = {
     {"alloc", (PyCFunction)(void (*)(void))arena_alloc, METH_FASTCALL | METH_KEYWORDS,
-     "alloc(size, align=16)\n--\n\n"
+     "alloc($self, /, size, align=16)\n--\n\n"
      "Return a Block of size bytes bumped from the current chunk; align must be\n"
      "a power of two. The Block is valid until the next reset()."},
     {"reset", (PyCFunction)(void (*)(void))arena_reset, METH_NOARGS,
-     "reset()\n--\n\nFree every block at once (the first chunk is kept for reuse). Earlier\n"
+     "reset($self, /)\n--\n\nFree every block at once (the first chunk is kept for reuse). Earlier\n"
      "Blocks then raise ValueError on any use. BufferError while any of them is\n"
      "exported (a memoryview is alive)."},
     {"__enter__", (PyCFunction)(void (*)(void))arena_enter, METH_NOARGS, "Return the arena itself."},
@@ -165,7 +165,7 @@ static PyGetSetDef arena_getset[] = {
 };
 
 PyDoc_STRVAR(arena_doc,
-"Arena(chunk_size=1 << 20)\n"
+"Arena(chunk_size=1048576)\n"
 "--\n\n"
 "A region allocator: alloc() bumps a pointer through chunks of chunk_size\n"
 "bytes (a larger request gets a chunk of its own); reset() frees everything\n"

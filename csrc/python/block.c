@@ -167,7 +167,7 @@ static PyObject *block_repr(kpy_block *b) {
 
 static PyMethodDef block_methods[] = {
     {"release", (PyCFunction)(void (*)(void))block_release_meth, METH_NOARGS,
-     "release()\n--\n\nGive the memory back (to the heap, the BufferPool, or nothing for an\n"
+     "release($self, /)\n--\n\nGive the memory back (to the heap, the BufferPool, or nothing for an\n"
      "arena block). Idempotent. Raises BufferError, and frees nothing, while a\n"
      "memoryview or other export of the block is alive."},
     {"__enter__", (PyCFunction)(void (*)(void))block_enter, METH_NOARGS, "Return the block itself."},

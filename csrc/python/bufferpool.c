@@ -356,23 +356,23 @@ static void bufferpool_dealloc(kpy_bufferpool *self) {
 
 static PyMethodDef bufferpool_methods[] = {
     {"acquire", (PyCFunction)(void (*)(void))bufferpool_acquire, METH_FASTCALL | METH_KEYWORDS,
-     "acquire(timeout=0.0)\n--\n\n"
+     "acquire($self, /, timeout=0.0)\n--\n\n"
      "Return a Block of buffer_size bytes from the pool.\n\n"
      "timeout 0 raises kpool.PoolExhausted at once when all `capacity` buffers\n"
      "are in use; None waits until another thread releases one; a positive\n"
      "number waits at most that many seconds, then raises PoolExhausted.\n"
      "Waiting releases the GIL and can be interrupted by Ctrl-C."},
     {"release", (PyCFunction)(void (*)(void))bufferpool_release, METH_O,
-     "release(block)\n--\n\nGive a Block of this pool back (same as block.release()). A Block of\n"
+     "release($self, block, /)\n--\n\nGive a Block of this pool back (same as block.release()). A Block of\n"
      "another pool or from kpool.malloc raises ValueError."},
     {"stats", (PyCFunction)(void (*)(void))bufferpool_stats, METH_NOARGS,
-     "stats()\n--\n\nA dict: acquires, releases, hits (reused buffers), misses (new buffers),\n"
+     "stats($self, /)\n--\n\nA dict: acquires, releases, hits (reused buffers), misses (new buffers),\n"
      "high_water, waits, timeouts, exhausted, in_use, idle, capacity, buffer_size,\n"
      "block_size, align, bytes_mapped, chunks, and the raw kp_pool counters."},
     {"trim", (PyCFunction)(void (*)(void))bufferpool_trim, METH_NOARGS,
-     "trim()\n--\n\nGive the memory of idle buffers back; returns the bytes released."},
+     "trim($self, /)\n--\n\nGive the memory of idle buffers back; returns the bytes released."},
     {"close", (PyCFunction)(void (*)(void))bufferpool_close, METH_NOARGS,
-     "close()\n--\n\nFree the pool's memory. BufferError while buffers are in use; idempotent.\n"
+     "close($self, /)\n--\n\nFree the pool's memory. BufferError while buffers are in use; idempotent.\n"
      "A closed pool raises ValueError on acquire()."},
     {"__enter__", (PyCFunction)(void (*)(void))bufferpool_enter, METH_NOARGS, "Return the pool itself."},
     {"__exit__", (PyCFunction)(void (*)(void))bufferpool_exit, METH_VARARGS, "Close the pool."},

@@ -469,13 +469,13 @@ static PyObject *kpy_stress(PyObject *module, PyObject *args, PyObject *kwds) {
 /* ---- module definition ----------------------------------------------------------- */
 
 PyDoc_STRVAR(malloc_doc,
-"malloc(size, *, zero=False)\n--\n\n"
+"malloc($module, /, size, *, zero=False)\n--\n\n"
 "Allocate size bytes from kpool's heap and return them as a kpool.Block.\n"
 "zero=True zeroes the memory. malloc(0) returns an empty Block. Raises\n"
 "TypeError for a non-int size, ValueError for a negative one, OverflowError\n"
 "beyond the address space and MemoryError when out of memory.");
 PyDoc_STRVAR(stats_doc,
-"stats()\n--\n\n"
+"stats($module, /)\n--\n\n"
 "A process-wide snapshot of the allocator's statistics as a dict: bytes_in_use,\n"
 "bytes_requested, bytes_mapped, bytes_released, allocs, frees, tcache_hits,\n"
 "central_fetches, pageheap_grows, lock_acquires, lock_contended, lock_wait_ns,\n"
@@ -483,11 +483,11 @@ PyDoc_STRVAR(stats_doc,
 "(bytes_free_tcaches, bytes_free_central, bytes_free_pageheap), and classes:\n"
 "one dict per size class (size, in_use, free_in_central, free_in_tcaches,\n"
 "allocs, frees, spans), sorted by size.");
-PyDoc_STRVAR(stats_reset_doc, "stats_reset()\n--\n\nZero the event counters (not the gauges such as bytes_in_use).");
-PyDoc_STRVAR(trim_doc, "trim()\n--\n\nGive all idle memory back to the OS; returns the bytes released.");
-PyDoc_STRVAR(thread_flush_doc, "thread_flush()\n--\n\nGive this thread's cached free blocks back to the shared lists.");
+PyDoc_STRVAR(stats_reset_doc, "stats_reset($module, /)\n--\n\nZero the event counters (not the gauges such as bytes_in_use).");
+PyDoc_STRVAR(trim_doc, "trim($module, /)\n--\n\nGive all idle memory back to the OS; returns the bytes released.");
+PyDoc_STRVAR(thread_flush_doc, "thread_flush($module, /)\n--\n\nGive this thread's cached free blocks back to the shared lists.");
 PyDoc_STRVAR(stress_doc,
-"stress(workload='mixed', *, threads=4, ops=1000000, allocator='kpool', seed=1, verify=True)\n--\n\n"
+"stress($module, /, workload='mixed', *, threads=4, ops=1000000, allocator='kpool', seed=1, verify=True)\n--\n\n"
 "Run the multithreaded C stress driver with the GIL released and return its\n"
 "result as a dict (ops, seconds, ops_per_sec, latency percentiles, RSS, ...;\n"
 "for the kpool allocators also kpool_stats). Workloads: pairs mixed random\n"
