@@ -595,3 +595,54 @@ def test_timeout_wrong_type_and_huge():
     assert pool.in_use == 0
     # a huge timeout is fine when a buffer is free
     pool.acquire(timeout=1e6).release()
+
+
+def test_unbounded_pool_from_many_threads_and_cross_thread_release(no_leak):
+    import queue
+
+    pool = kpool.BufferPool(512)
+    q = queue.Queue()
+    errors = []
+    live = set()
+    lock = threading.Lock()
+
+    def producer(k):
+        try:
+            for i in range(2000):
+                b = pool.acquire()
+                with lock:
+                    if b.address in live:
+                        errors.append(("handed out twice", hex(b.address)))
+                    live.add(b.address)
+                memoryview(b)[:2] = bytes([k, i % 256])
+                q.put((k, i, b))
+        except BaseException as e:  # pragma: no cover
+            errors.append(e)
+
+    def consumer():
+        while True:
+            item = q.get()
+            if item is None:
+                return
+            k, i, b = item
+            if bytes(memoryview(b)[:2]) != bytes([k, i % 256]):
+                errors.append(("damaged", k, i))
+            with lock:
+                live.discard(b.address)
+            b.release()
+
+    cs = [threading.Thread(target=consumer) for _ in range(2)]
+    ps = [threading.Thread(target=producer, args=(k,)) for k in range(4)]
+    for t in cs + ps:
+        t.start()
+    for t in ps:
+        t.join()
+    for _ in cs:
+        q.put(None)
+    for t in cs:
+        t.join()
+    assert not errors
+    assert pool.in_use == 0
+    s = pool.stats()
+    assert s["acquires"] == s["releases"] == 8000
+    pool.close()
