@@ -186,9 +186,11 @@ kp_pool *kp_pool_create(size_t block_size, size_t align, size_t capacity) {
     pool->mod_magic = UINT64_MAX / pool->block_size + 1;
     size_t batch = 65536 / pool->block_size;
     pool->batch = (uint32_t)(batch < 4 ? 4 : batch > 64 ? 64 : batch);
+    /* The first chunk holds 16 blocks, at least 64 KiB and at most 4 MiB
+     * (one block, if a block is larger); chunks then double up to 4 MiB. */
     size_t first = pool->block_size * 16;
     if (first < 65536) first = 65536;
-    if (first > ((size_t)1 << 20) && pool->block_size <= ((size_t)1 << 20)) first = (size_t)1 << 20;
+    if (first > ((size_t)4 << 20)) first = (size_t)4 << 20;
     if (first < pool->block_size) first = pool->block_size;
     pool->next_chunk = first;
     pool->chunks.next = pool->chunks.prev = &pool->chunks;

@@ -219,9 +219,21 @@ static void test_destroyed_pool_caches_are_not_reused(void) {
     kp_pool_destroy(pool);
 }
 
+static void test_big_blocks_map_one_block_at_a_time(void) {
+    kp_pool *pool = kp_pool_create((size_t)64 << 20, 0, 0);
+    void *p = kp_pool_alloc(pool);
+    CHECK(p != NULL);
+    kp_pool_stats st = { .struct_size = sizeof st };
+    kp_pool_stats_get(pool, &st);
+    CHECK(st.bytes_mapped < ((size_t)65 << 20));     /* one 64 MiB block, not sixteen */
+    kp_pool_free(pool, p);
+    kp_pool_destroy(pool);
+}
+
 int main(void) {
     _kp_init();
     RUN(test_bad_arguments_are_einval);
+    RUN(test_big_blocks_map_one_block_at_a_time);
     RUN(test_blocks_are_aligned_distinct_and_reused);
     RUN(test_bounded_pool_is_exact);
     RUN(test_capacity_is_never_exceeded_across_threads);
