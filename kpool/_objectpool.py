@@ -74,7 +74,9 @@ class ObjectPool:
         self._reset = reset
         self._capacity = None if capacity is None else _count_arg(capacity, "capacity", 1)
         self._max_idle = _count_arg(max_idle, "max_idle", 0)
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._waiting = 0      # threads waiting in get()
         self._idle = []        # LIFO of idle objects
         self._out = {}         # id(obj) -> [obj, times handed out]
         self._in_use = 0
@@ -105,7 +107,47 @@ class ObjectPool:
         return len(self._idle)
 
     # -- get / put ---------------------------------------------------------
-    def _hand_out(self, obj):
+    # The common paths take the plain lock once (a C-level context manager);
+    # the Condition on the same lock is used only when someone must wait,
+    # and notified only when someone waits.
+
+    def get(self, timeout=0.0):
+        """Return an object from the pool (an idle one, else a new one).
+
+        timeout 0 raises kpool.PoolExhausted at once when ``capacity``
+        objects are handed out; None waits until one is put back; a positive
+        number waits at most that many seconds.
+        """
+        if timeout.__class__ is not float or timeout != 0.0:
+            timeout = _timeout_arg(timeout)
+        with self._lock:
+            if self._idle:
+                obj = self._idle.pop()
+                self._hits += 1
+                self._hand_out_locked(obj)
+                return obj
+            if self._capacity is None or self._in_use + self._creating < self._capacity:
+                self._creating += 1
+            else:
+                obj = self._wait_locked(timeout)
+                if obj is not None:
+                    return obj
+        try:
+            obj = self._factory()
+        except BaseException:
+            with self._lock:
+                self._creating -= 1
+                if self._waiting:
+                    self._cond.notify()
+            raise
+        with self._lock:
+            self._creating -= 1
+            self._created += 1
+            self._misses += 1
+            self._hand_out_locked(obj)
+        return obj
+
+    def _hand_out_locked(self, obj):
         """Record obj as handed out. REQUIRES: the lock held."""
         entry = self._out.get(id(obj))
         if entry is None:
@@ -117,33 +159,17 @@ class ObjectPool:
         if self._in_use > self._high_water:
             self._high_water = self._in_use
 
-    def get(self, timeout=0.0):
-        """Return an object from the pool (an idle one, else a new one).
-
-        timeout 0 raises kpool.PoolExhausted at once when ``capacity``
-        objects are handed out; None waits until one is put back; a positive
-        number waits at most that many seconds.
-        """
-        timeout = _timeout_arg(timeout)
-        deadline = None
-        waited = False
-        with self._cond:
+    def _wait_locked(self, timeout):
+        """At capacity: wait for an idle object (returned, handed out) or for
+        room to create one (None returned, a creation slot taken); raise
+        PoolExhausted when timeout says so. REQUIRES: the lock held."""
+        if timeout == 0:
+            raise PoolExhausted("ObjectPool exhausted: all %d objects are in use" % self._capacity)
+        self._waits += 1
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._waiting += 1
+        try:
             while True:
-                if self._idle:
-                    obj = self._idle.pop()
-                    self._hits += 1
-                    self._hand_out(obj)
-                    return obj
-                if self._capacity is None or self._in_use + self._creating < self._capacity:
-                    self._creating += 1
-                    break
-                if timeout == 0:
-                    raise PoolExhausted("ObjectPool exhausted: all %d objects are in use" % self._capacity)
-                if not waited:
-                    waited = True
-                    self._waits += 1
-                    if timeout is not None:
-                        deadline = time.monotonic() + timeout
                 if deadline is None:
                     self._cond.wait()
                 else:
@@ -153,19 +179,16 @@ class ObjectPool:
                         raise PoolExhausted(
                             "ObjectPool exhausted: all %d objects are in use (timed out waiting)" % self._capacity)
                     self._cond.wait(left)
-        try:
-            obj = self._factory()
-        except BaseException:
-            with self._cond:
-                self._creating -= 1
-                self._cond.notify()
-            raise
-        with self._cond:
-            self._creating -= 1
-            self._created += 1
-            self._misses += 1
-            self._hand_out(obj)
-        return obj
+                if self._idle:
+                    obj = self._idle.pop()
+                    self._hits += 1
+                    self._hand_out_locked(obj)
+                    return obj
+                if self._in_use + self._creating < self._capacity:
+                    self._creating += 1
+                    return None
+        finally:
+            self._waiting -= 1
 
     def put(self, obj):
         """Give obj back: reset(obj) is called and the object kept for reuse.
@@ -173,7 +196,8 @@ class ObjectPool:
         An object that was not handed out by this pool (or was put back
         already) raises ValueError.
         """
-        with self._cond:
+        reset = self._reset
+        with self._lock:
             entry = self._out.get(id(obj))
             if entry is None or entry[0] is not obj:
                 raise ValueError("object did not come from this ObjectPool (or was already put back)")
@@ -182,21 +206,30 @@ class ObjectPool:
                 del self._out[id(obj)]
             self._in_use -= 1
             self._puts += 1
-            self._cond.notify()
+            if reset is None:
+                if len(self._idle) < self._max_idle:
+                    self._idle.append(obj)
+                else:
+                    self._discarded += 1
+                if self._waiting:
+                    self._cond.notify()
+                return
+            if self._waiting:
+                self._cond.notify()      # room to create one, while reset runs
         keep = True
-        if self._reset is not None:
-            try:
-                self._reset(obj)
-            except Exception:
-                keep = False
-        with self._cond:
+        try:
+            reset(obj)
+        except Exception:
+            keep = False
+        with self._lock:
             if keep and len(self._idle) < self._max_idle:
                 self._idle.append(obj)
             else:
                 self._discarded += 1
                 if not keep:
                     self._reset_errors += 1
-            self._cond.notify()
+            if self._waiting:
+                self._cond.notify()
 
     @contextmanager
     def borrow(self, timeout=0.0):
@@ -209,7 +242,7 @@ class ObjectPool:
 
     def clear(self):
         """Drop every idle object (they count as discarded); returns how many."""
-        with self._cond:
+        with self._lock:
             n = len(self._idle)
             self._idle.clear()
             self._discarded += n
@@ -218,7 +251,7 @@ class ObjectPool:
     def stats(self):
         """A dict: created, hits, misses, discarded, high_water, in_use, idle,
         capacity, max_idle, gets, puts, waits, timeouts, reset_errors."""
-        with self._cond:
+        with self._lock:
             return {
                 "created": self._created,
                 "hits": self._hits,
