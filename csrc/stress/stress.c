@@ -480,19 +480,27 @@ KPS_INLINE void run_pairs(kps_thread *t, const int verify) {
 /* ------------------------------------------------------------------------
  * mixed / random: a live window per thread, random replacement
  * ---------------------------------------------------------------------- */
+/* Fill the thread's live window with blocks of sizes drawn by pick; how
+ * many slots were filled (fewer when an allocation failed). */
+KPS_INLINE size_t fill_window(kps_thread *t, const alloc_vt *vt, size_t (*pick)(uint64_t), const int verify) {
+    slot *s = t->slots;
+    size_t filled;
+    for (filled = 0; filled < t->nslots; filled++) {
+        size_t n = pick(rnd(&t->rng));
+        s[filled].p = get_block(t, vt, n, verify);
+        s[filled].n = n;
+        if (!s[filled].p) break;
+    }
+    return filled;
+}
+
 KPS_INLINE void run_window(kps_thread *t, size_t (*pick)(uint64_t), const int verify) {
     kps_run *r = t->run;
     const alloc_vt *vt = r->vt;
     slot *s = t->slots;
     const size_t w = t->nslots;
     uint64_t i;
-    size_t j, filled;
-    for (filled = 0; filled < w; filled++) {
-        size_t n = pick(rnd(&t->rng));
-        s[filled].p = get_block(t, vt, n, verify);
-        s[filled].n = n;
-        if (!s[filled].p) break;
-    }
+    size_t j, filled = fill_window(t, vt, pick, verify);
     bar_wait(r);
     t->t_start = now_ns();
     for (i = 0; i < t->ops && filled == w; i++) {
@@ -568,13 +576,7 @@ KPS_INLINE void run_larson(kps_thread *t, const int verify) {
     slot *s = t->slots;
     const size_t w = t->nslots;
     uint64_t i;
-    size_t j, filled;
-    for (filled = 0; filled < w; filled++) {
-        size_t n = size_larson(rnd(&t->rng));
-        s[filled].p = get_block(t, vt, n, verify);
-        s[filled].n = n;
-        if (!s[filled].p) break;
-    }
+    size_t j, filled = fill_window(t, vt, size_larson, verify);
     bar_wait(r);
     t->t_start = now_ns();
     for (i = 0; i < t->ops && filled == w; i++) {
