@@ -90,11 +90,16 @@ void *kp_arena_alloc(kp_arena *a, size_t size, size_t align) {
         a->used += size;
         return (void *)(own->start << KP_PAGE_SHIFT);
     }
-    kp_span *s;
+    kp_span *s = NULL;
     if (!a->cursor && a->keep) {
-        s = a->keep;                  /* after a reset: start over in the kept chunk */
-    } else {
-        s = new_chunk(a, a->chunk_size, align);
+        /* after a reset: start over in the kept chunk, if the request fits */
+        uintptr_t base = a->keep->start << KP_PAGE_SHIFT;
+        uintptr_t end = base + a->keep->npages * KP_PAGE_SIZE;
+        uintptr_t p = _kp_align_up(base, align);
+        if (p <= end && size <= end - p) s = a->keep;
+    }
+    if (!s) {
+        s = new_chunk(a, a->chunk_size, align);   /* aligned to align: the request fits */
         if (!s) return NULL;
         if (!a->keep) a->keep = s;
     }

@@ -57,6 +57,22 @@ static void test_reset_keeps_the_first_chunk(void) {
     CHECK_EQ(st.bytes_arenas, 0);
 }
 
+static void test_aligned_request_after_reset_fits(void) {
+    kp_arena *a = kp_arena_create(1 << 20);
+    void *pad = kp_malloc(300000);               /* so the kept chunk is not 512 KiB aligned */
+    char *first = kp_arena_alloc(a, 16, 16);
+    kp_arena_reset(a);
+    size_t align = (size_t)512 << 10;
+    char *p = kp_arena_alloc(a, 1 << 20, align);
+    CHECK(p != NULL && (uintptr_t)p % align == 0);
+    kp_span *s = _kp_span_of(p);
+    CHECK(s != NULL && s->state == KP_SPAN_ARENA);
+    CHECK(s && (uintptr_t)p + (1 << 20) <= (s->start + s->npages) << KP_PAGE_SHIFT);
+    (void)first;
+    kp_free(pad);
+    kp_arena_destroy(a);
+}
+
 static void test_bad_arguments(void) {
     CHECK(kp_arena_alloc(NULL, 1, 16) == NULL);
     kp_arena_reset(NULL);
@@ -71,6 +87,7 @@ int main(void) {
     RUN(test_bump_and_alignment);
     RUN(test_big_requests_get_their_own_chunk);
     RUN(test_reset_keeps_the_first_chunk);
+    RUN(test_aligned_request_after_reset_fits);
     RUN(test_bad_arguments);
     return DONE();
 }
