@@ -23,6 +23,7 @@ void _kp_lock_init(kp_lock *l) {
 /* ---- fork ----------------------------------------------------------------- */
 
 static void fork_prepare(void) {
+    _kp_stats_fork_lock();
     _kp_pools_lock_all();
     _kp_registry_lock();
     for (unsigned c = 0; c < KP_NUM_CLASSES; c++) _kp_lock(&_kp_central(c)->lock);
@@ -36,6 +37,7 @@ static void fork_parent(void) {
     for (unsigned c = KP_NUM_CLASSES; c-- > 0;) _kp_unlock(&_kp_central(c)->lock);
     _kp_registry_unlock();
     _kp_pools_unlock_all();
+    _kp_stats_fork_unlock();
 }
 
 static void fork_child(void) {
@@ -44,6 +46,7 @@ static void fork_child(void) {
     for (unsigned c = 0; c < KP_NUM_CLASSES; c++) _kp_lock_init(&_kp_central(c)->lock);
     _kp_lock_init(_kp_registry_lock_ptr());
     _kp_pools_reinit_locks();
+    _kp_stats_fork_reinit();
     _kp_tcache_after_fork_child();
 }
 

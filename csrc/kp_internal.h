@@ -2,6 +2,7 @@
  * file that defines them, and the small inline helpers every layer uses.
  *
  * LOCK ORDER (a thread holding one lock may only take locks further down):
+ *   0. stats baseline lock      (stats.c: held alone, listed for fork)
  *   1. pool registry lock       (pool.c: slot table of live pools)
  *   2. a pool's lock            (pool.c: its chunks and bounded free list)
  *   3. thread registry lock     (tcache.c: the list of thread caches)
@@ -198,6 +199,9 @@ KP_INTERNAL void _kp_pools_reinit_locks(void);
 
 /* ---- stats.c ----------------------------------------------------------------- */
 KP_INTERNAL void _kp_stats_print_at_exit(void);
+KP_INTERNAL void _kp_stats_fork_lock(void);
+KP_INTERNAL void _kp_stats_fork_unlock(void);
+KP_INTERNAL void _kp_stats_fork_reinit(void);
 
 /* ---- pagemap inline bodies ---------------------------------------------------- */
 typedef struct kp_pagemap_leaf {

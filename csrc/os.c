@@ -39,6 +39,9 @@ static int os_should_fail(void) {
     return 0;
 }
 
+/* Without MAP_NORESERVE the kernel's overcommit check refuses requests far
+ * beyond the machine's memory at once (ENOMEM), instead of kpool mapping
+ * terabytes and filling a pagemap for them. */
 void *_kp_os_map(size_t size, size_t align) {
     size_t ps = _kp_os_page_size();
     if (align < ps) align = ps;
@@ -48,7 +51,7 @@ void *_kp_os_map(size_t size, size_t align) {
     }
     size = _kp_align_up(size, ps);
     size_t span = size + (align > ps ? align - ps : 0);
-    void *raw = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void *raw = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (raw == MAP_FAILED) {
         errno = ENOMEM;
         return NULL;

@@ -16,7 +16,8 @@
  * Calls: tcache (registry), central, pageheap, heap (large figures), os.
  * Locks: the registry lock (inside _kp_tcache_totals), then the page heap
  * lock, one after the other; counters of the other locks are read with
- * relaxed loads. The baseline has a mutex of its own, taken alone.
+ * relaxed loads. The baseline has a mutex of its own, taken alone (first
+ * in the lock order, for fork).
  */
 #include "kp_internal.h"
 
@@ -30,6 +31,11 @@ typedef struct counters {
 
 static pthread_mutex_t baseline_lock = PTHREAD_MUTEX_INITIALIZER;
 static counters baseline;   /* under baseline_lock */
+
+/* fork: the baseline lock comes first in the order (init.c takes it first). */
+void _kp_stats_fork_lock(void) { pthread_mutex_lock(&baseline_lock); }
+void _kp_stats_fork_unlock(void) { pthread_mutex_unlock(&baseline_lock); }
+void _kp_stats_fork_reinit(void) { pthread_mutex_init(&baseline_lock, NULL); }
 
 static void add_lock(counters *c, kp_lock *l) {
     c->lock_acquires += KP_LOAD(l->acquires);
