@@ -282,16 +282,38 @@ void *kp_realloc(void *p, size_t size) {
         kp_free(p);
         return fresh;
     }
-    size_t usable = kp_usable_size(p);
-    if (usable == 0) {
-        _kp_error("kp_realloc", p, "pointer was not allocated by kpool, or was already freed");
-        errno = EINVAL;
-        return NULL;
-    }
     unsigned cls = _kp_pagemap_class(p);
-    if (size <= usable) {
-        /* Keep the block unless it would waste more than half of it. */
-        if (small_class_ok(cls) ? (size > usable / 2 || cls == 1) : size > usable / 2) return p;
+    size_t usable;
+    if (small_class_ok(cls)) {
+        usable = _kp_classes[cls].size;
+        /* Keep the block unless it would waste more than half of it. The old
+         * request is not known: it counts as a free of untold size. */
+        if (size <= usable && (size > usable / 2 || cls == 1)) {
+            kp_tcache *tc = _kp_tls_tcache;
+            if (tc) {
+                KP_STAT_BUMP(tc->lists[cls].requested, size);
+                KP_STAT_BUMP(tc->moves[cls].unsized_frees, 1);
+            }
+            return p;
+        }
+    } else {
+        _kp_init();
+        _kp_lock(_kp_pageheap_lock());
+        kp_span *s = _kp_span_of(p);
+        if (!s || s->state != KP_SPAN_LARGE || (uintptr_t)p != (s->start << KP_PAGE_SHIFT)) {
+            _kp_unlock(_kp_pageheap_lock());
+            _kp_error("kp_realloc", p, "pointer is not a live kp_malloc block");
+            errno = EINVAL;
+            return NULL;
+        }
+        usable = s->npages * KP_PAGE_SIZE;
+        if (size <= usable && size > usable / 2) {
+            atomic_fetch_add_explicit(&large_requested, size - s->requested, memory_order_relaxed);
+            s->requested = size;
+            _kp_unlock(_kp_pageheap_lock());
+            return p;
+        }
+        _kp_unlock(_kp_pageheap_lock());
     }
     void *q = kp_malloc(size);
     if (!q) return NULL;

@@ -235,7 +235,9 @@ static void carve(kp_span *s, size_t npages) {
 static int release_span(kp_span *s);
 static void decay(void);
 
-static kp_span *alloc_locked(size_t npages, kp_span_state state) {
+/* *was_released (if not NULL) tells whether the pages came from a released
+ * span, so that pieces given back stay filed as not resident. */
+static kp_span *alloc_locked(size_t npages, kp_span_state state, int *was_released) {
     kp_span *s = find_in(&ph.normal, npages);
     if (!s) s = find_in(&ph.released, npages);
     if (!s) {
@@ -249,6 +251,7 @@ static kp_span *alloc_locked(size_t npages, kp_span_state state) {
     }
     remove_free(s);
     carve(s, npages);
+    if (was_released) *was_released = s->released;
     s->released = 0;
     s->state = (uint8_t)state;
     s->next = s->prev = NULL;
@@ -263,7 +266,7 @@ kp_span *_kp_pageheap_alloc(size_t npages, kp_span_state state) {
         return NULL;
     }
     _kp_lock(&ph.lock);
-    kp_span *s = alloc_locked(npages, state);
+    kp_span *s = alloc_locked(npages, state, NULL);
     if (s && state == KP_SPAN_LARGE) ph.large_allocs++;
     decay();
     publish_figures();
@@ -278,7 +281,8 @@ kp_span *_kp_pageheap_alloc_aligned(size_t npages, size_t align_pages, kp_span_s
         return NULL;
     }
     _kp_lock(&ph.lock);
-    kp_span *s = alloc_locked(npages + align_pages - 1, state);
+    int was_released = 0;
+    kp_span *s = alloc_locked(npages + align_pages - 1, state, &was_released);
     if (s) {
         uintptr_t aligned = (s->start + align_pages - 1) & ~(uintptr_t)(align_pages - 1);
         size_t lead = aligned - s->start;
@@ -301,8 +305,16 @@ kp_span *_kp_pageheap_alloc_aligned(size_t npages, size_t align_pages, kp_span_s
             s->start = aligned;
             s->npages = npages;
             _kp_pagemap_set_range(s->start, s->npages, s);
-            if (lead_span) { lead_span->free_since_ms = now; insert_coalesced(lead_span); }
-            if (trail_span) { trail_span->free_since_ms = now; insert_coalesced(trail_span); }
+            if (lead_span) {
+                lead_span->free_since_ms = now;
+                lead_span->released = (uint8_t)was_released;
+                insert_coalesced(lead_span);
+            }
+            if (trail_span) {
+                trail_span->free_since_ms = now;
+                trail_span->released = (uint8_t)was_released;
+                insert_coalesced(trail_span);
+            }
             if (state == KP_SPAN_LARGE) ph.large_allocs++;
         }
     }
@@ -371,7 +383,11 @@ size_t _kp_pageheap_trim(void) {
 /* Run the time-based decay now (called by paths that free memory without
  * passing through the page heap, so idle pages still go back). */
 void _kp_pageheap_tick(void) {
+    static _Atomic uint64_t last_tick_ms;
     if (atomic_load_explicit(&ph_free, memory_order_relaxed) == 0) return;
+    uint64_t now = _kp_now_coarse_ms();
+    if (now - atomic_load_explicit(&last_tick_ms, memory_order_relaxed) < KP_DECAY_CHECK_MS) return;
+    atomic_store_explicit(&last_tick_ms, now, memory_order_relaxed);
     if (pthread_mutex_trylock(&ph.lock.mutex) != 0) return;
     KP_BUMP(ph.lock.acquires, 1);
     decay();

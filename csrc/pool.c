@@ -7,9 +7,11 @@
  *    (no lock, no atomic on the fast path). A cache longer than 2 batches
  *    pushes one batch onto the pool's shared stack; an empty cache pops a
  *    batch. The shared stack is a Treiber stack of batch descriptors (pool
- *    metadata, never user memory) whose top word carries a 22-bit tag, so a
- *    descriptor popped and pushed again between another thread's read and
- *    its CAS cannot be mistaken for the old top (ABA).
+ *    metadata, never user memory, never freed before the pool). Its top word
+ *    is a 32-bit descriptor index and a 32-bit tag bumped by every push and
+ *    pop, so a descriptor popped and pushed again between another thread's
+ *    read and its CAS cannot be mistaken for the old top (ABA) unless 2^32
+ *    stack operations happen in between.
  *  - locked (bounded pools, or no slot left): one free list under the pool's
  *    lock, so that `capacity` is exact across threads: at most capacity
  *    blocks are live at once.
@@ -26,10 +28,14 @@
 #include "kp_internal.h"
 
 typedef struct kp_batch {
-    _Atomic uint64_t next;          /* tagged word of the next descriptor */
+    _Atomic uint64_t next;          /* top word of the stack below this one */
     void *head;                     /* the blocks, linked through word 0 */
     uint32_t count;
+    uint32_t index;                 /* 1-based, its name in stack words */
 } kp_batch;
+
+#define DESC_PER_BLOCK 256          /* descriptors are made 256 at a time */
+#define DESC_BLOCKS 1024            /* at most 256 Ki descriptors per pool */
 
 struct kp_pool {
     uint64_t id;                    /* unique for the process's lifetime */
@@ -39,8 +45,8 @@ struct kp_pool {
     size_t align;
     size_t capacity;                /* 0 = unbounded */
     uint64_t mod_magic;             /* for offset % block_size without division */
-    _Atomic uint64_t top;           /* shared stack of full batches (tagged) */
-    _Atomic uint64_t spare;         /* stack of empty descriptors (tagged) */
+    _Atomic uint64_t top;           /* shared stack of full batches: tag << 32 | index */
+    _Atomic uint64_t spare;         /* stack of empty descriptors, likewise */
     kp_lock lock;
     kp_span chunks;                 /* sentinel: the pool's chunks */
     char *bump, *bump_end;          /* carving cursor in the newest chunk */
@@ -49,7 +55,8 @@ struct kp_pool {
     void *free_list;                /* locked mode */
     size_t free_count, live, high_water;
     _Atomic uint64_t allocs, frees, carved, exhausted, waits;  /* locked mode and retired caches */
-    kp_batch *descriptors;          /* every descriptor made, for destroy */
+    uint32_t ndesc;                 /* descriptors made (under lock) */
+    _Atomic(kp_batch *) desc_blocks[DESC_BLOCKS];   /* written once each, under lock */
     struct kp_pool *list_next, *list_prev;
 };
 
@@ -59,28 +66,30 @@ static kp_pool *slots[KP_POOL_SLOTS];
 static uint64_t next_pool_id = 1;
 
 /* ---- tagged stack ------------------------------------------------------------ */
-#define TAG_SHIFT 42
-static uint64_t tag_pack(kp_batch *b, uint64_t tag) { return ((uintptr_t)b >> 6) | (tag << TAG_SHIFT); }
-static kp_batch *tag_ptr(uint64_t w) { return (kp_batch *)(uintptr_t)((w & (((uint64_t)1 << TAG_SHIFT) - 1)) << 6); }
-static uint64_t tag_of(uint64_t w) { return w >> TAG_SHIFT; }
+static kp_batch *desc_at(kp_pool *pool, uint32_t index) {
+    kp_batch *block = atomic_load_explicit(&pool->desc_blocks[(index - 1) / DESC_PER_BLOCK], memory_order_acquire);
+    return &block[(index - 1) % DESC_PER_BLOCK];
+}
 
-static void stack_push(_Atomic uint64_t *top, kp_batch *b) {
+static void stack_push(kp_pool *pool, _Atomic uint64_t *top, kp_batch *b) {
+    (void)pool;
     uint64_t old = atomic_load_explicit(top, memory_order_relaxed);
     do {
         atomic_store_explicit(&b->next, old, memory_order_relaxed);
-    } while (!atomic_compare_exchange_weak_explicit(top, &old, tag_pack(b, tag_of(old) + 1),
+    } while (!atomic_compare_exchange_weak_explicit(top, &old, (((old >> 32) + 1) << 32) | b->index,
                                                      memory_order_release, memory_order_relaxed));
 }
 
-static kp_batch *stack_pop(_Atomic uint64_t *top) {
+static kp_batch *stack_pop(kp_pool *pool, _Atomic uint64_t *top) {
     uint64_t old = atomic_load_explicit(top, memory_order_acquire);
     for (;;) {
-        kp_batch *b = tag_ptr(old);
-        if (!b) return NULL;
+        uint32_t index = (uint32_t)old;
+        if (!index) return NULL;
+        kp_batch *b = desc_at(pool, index);
         /* b may be popped and reused meanwhile; its `next` is still an atomic
          * in live metadata, and the tag makes the CAS fail in that case. */
         uint64_t next = atomic_load_explicit(&b->next, memory_order_relaxed);
-        uint64_t want = (next & (((uint64_t)1 << TAG_SHIFT) - 1)) | ((tag_of(old) + 1) << TAG_SHIFT);
+        uint64_t want = (((old >> 32) + 1) << 32) | (uint32_t)next;
         if (atomic_compare_exchange_weak_explicit(top, &old, want, memory_order_acquire, memory_order_acquire))
             return b;
     }
@@ -88,14 +97,25 @@ static kp_batch *stack_pop(_Atomic uint64_t *top) {
 
 /* An empty descriptor, or NULL + ENOMEM. */
 static kp_batch *descriptor_get(kp_pool *pool) {
-    kp_batch *b = stack_pop(&pool->spare);
+    kp_batch *b = stack_pop(pool, &pool->spare);
     if (b) return b;
     _kp_lock(&pool->lock);
-    b = _kp_meta_alloc(sizeof(kp_batch) + sizeof(void *));
-    if (b) {
-        /* descriptors are chained for destroy through the word after the struct */
-        ((kp_batch **)(b + 1))[0] = pool->descriptors;
-        pool->descriptors = b;
+    uint32_t n = pool->ndesc;
+    if (n < DESC_BLOCKS * DESC_PER_BLOCK) {
+        kp_batch *block = atomic_load_explicit(&pool->desc_blocks[n / DESC_PER_BLOCK], memory_order_relaxed);
+        if (!block) {
+            block = _kp_meta_alloc(DESC_PER_BLOCK * sizeof(kp_batch));
+            if (block) {
+                memset(block, 0, DESC_PER_BLOCK * sizeof(kp_batch));
+                atomic_store_explicit(&pool->desc_blocks[n / DESC_PER_BLOCK], block, memory_order_release);
+            }
+        }
+        if (block) {
+            b = &block[n % DESC_PER_BLOCK];
+            b->index = ++pool->ndesc;
+        }
+    } else {
+        errno = ENOMEM;
     }
     _kp_unlock(&pool->lock);
     return b;
@@ -236,10 +256,10 @@ void kp_pool_destroy(kp_pool *pool) {
     }
 #endif
     while (pool->chunks.next != &pool->chunks) release_chunk(pool, pool->chunks.next);
-    for (kp_batch *b = pool->descriptors; b;) {
-        kp_batch *next = ((kp_batch **)(b + 1))[0];
-        _kp_meta_free(b, sizeof(kp_batch) + sizeof(void *));
-        b = next;
+    for (int i = 0; i < DESC_BLOCKS; i++) {
+        kp_batch *block = atomic_load_explicit(&pool->desc_blocks[i], memory_order_relaxed);
+        if (!block) break;
+        _kp_meta_free(block, DESC_PER_BLOCK * sizeof(kp_batch));
     }
     pthread_mutex_destroy(&pool->lock.mutex);
     _kp_meta_free(pool, sizeof(kp_pool));
@@ -344,7 +364,7 @@ static __attribute__((noinline)) int push_batch(kp_pool *pool, kp_pool_cache *pc
     KP_STORE(pc->count, KP_LOAD(pc->count) - n);
     b->head = head;
     b->count = n;
-    stack_push(&pool->top, b);
+    stack_push(pool, &pool->top, b);
     return 0;
 }
 
@@ -364,11 +384,11 @@ static __attribute__((noinline)) void *cached_alloc_slow(kp_pool *pool) {
     kp_pool_cache *pc = cache_of(tc, pool);
     void *p = pc->head;
     if (!p) {
-        kp_batch *b = stack_pop(&pool->top);
+        kp_batch *b = stack_pop(pool, &pool->top);
         if (b) {
             pc->head = b->head;
             KP_STORE(pc->count, b->count);
-            stack_push(&pool->spare, b);
+            stack_push(pool, &pool->spare, b);
             p = pc->head;
         }
     }
@@ -572,7 +592,7 @@ size_t kp_pool_trim(kp_pool *pool) {
         }
     }
     _kp_lock(&pool->lock);
-    for (kp_batch *b; pool->slot >= 0 && (b = stack_pop(&pool->top)) != NULL;) {
+    for (kp_batch *b; pool->slot >= 0 && (b = stack_pop(pool, &pool->top)) != NULL;) {
         while (b->head) {
             void *p = b->head;
             b->head = *(void **)p;
@@ -580,7 +600,7 @@ size_t kp_pool_trim(kp_pool *pool) {
             pool->free_list = p;
             pool->free_count++;
         }
-        stack_push(&pool->spare, b);
+        stack_push(pool, &pool->spare, b);
     }
     /* count free blocks per chunk in span->allocated (unused for chunks) */
     for (kp_span *s = pool->chunks.next; s != &pool->chunks; s = s->next) s->allocated = 0;

@@ -100,7 +100,9 @@ KP_API void kp_pool_free(kp_pool *pool, void *p);
 KP_API void kp_pool_destroy(kp_pool *pool);
 /* The block size rounded up to the pool's alignment. */
 KP_API size_t kp_pool_block_size(const kp_pool *pool);
-/* 1 if p is a live block of pool (exact; takes the pool's lock). */
+/* 1 if p is a block of pool. Exact (live blocks only) for bounded pools,
+ * under the pool's lock; for unbounded pools, whose free blocks sit in
+ * thread caches, 1 for any block of the pool's chunks. */
 KP_API int kp_pool_owns(kp_pool *pool, const void *p);
 /* Give the memory of wholly idle chunks back; bytes released. */
 KP_API size_t kp_pool_trim(kp_pool *pool);

@@ -108,6 +108,17 @@ static void test_realloc(void) {
     kp_free(u);
 }
 
+static void test_realloc_in_place_keeps_requested_bytes(void) {
+    kp_stats a = { .struct_size = sizeof a }, b = { .struct_size = sizeof b };
+    kp_stats_get(&a);
+    char *p = kp_malloc(300000);
+    char *q = kp_realloc(p, 200000);
+    CHECK(q == p);
+    kp_stats_get(&b);
+    CHECK_EQ(b.bytes_requested - a.bytes_requested, 200000);
+    kp_free_sized(q, 200000);
+}
+
 static void test_usable_size_and_owns(void) {
     int local;
     static int global;
@@ -167,6 +178,12 @@ static void test_misuse_reaches_the_handler(void) {
     kp_free_sized(s, 16);
     CHECK_EQ(kp_realloc(&local, 10) == NULL, 1);
     CHECK_EQ(handler_calls, 6);
+    kp_pool *pool = kp_pool_create(64, 0, 0);
+    void *pb = kp_pool_alloc(pool);
+    CHECK(kp_realloc(pb, 60) == NULL);     /* pool blocks are not kp_realloc's */
+    CHECK_EQ(handler_calls, 7);
+    kp_pool_free(pool, pb);
+    kp_pool_destroy(pool);
     kp_set_error_handler(NULL);
 }
 
@@ -267,6 +284,7 @@ int main(void) {
     RUN(test_calloc_overflow_and_huge_sizes);
     RUN(test_aligned_alloc);
     RUN(test_realloc);
+    RUN(test_realloc_in_place_keeps_requested_bytes);
     RUN(test_usable_size_and_owns);
     RUN(test_misuse_reaches_the_handler);
     RUN(test_map_failure_then_recovery);
