@@ -403,7 +403,17 @@ static __attribute__((noinline)) void *cached_alloc_slow(kp_pool *pool) {
             pool->free_count--;
         } else {
             p = carve(pool);
-            if (p) note_high_water(pool, 1);
+            if (p) {
+                /* Carve a batch for this thread's cache, so that blocks of
+                 * different threads do not share cache lines. */
+                for (uint32_t i = 1; i < pool->batch && (size_t)(pool->bump_end - pool->bump) >= pool->block_size; i++) {
+                    void *q = carve(pool);
+                    *(void **)q = pc->head;
+                    pc->head = q;
+                    KP_BUMP(pc->count, 1);
+                }
+                note_high_water(pool, 1);
+            }
         }
         _kp_unlock(&pool->lock);
         if (!p) return NULL;
