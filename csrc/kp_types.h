@@ -170,11 +170,12 @@ typedef struct kp_tmoves {          /* objects moved by the slow paths */
 
 typedef struct kp_pool_cache {      /* a thread's cache of one unbounded pool */
     _Atomic uint64_t pool_id;       /* 0: unused; else the pool it caches */
-    void *head;
+    void *head;                     /* blocks freed to this thread */
     _Atomic uint32_t count;
     _Atomic uint64_t allocs;
     _Atomic uint64_t frees;
-    _Atomic uint64_t hits;
+    _Atomic uint64_t misses;        /* allocs served by a never-used block */
+    char *fresh, *fresh_end;        /* blocks carved for this thread, not yet used */
 } kp_pool_cache;
 
 typedef struct kp_thread_counters {  /* per thread; summed on read */

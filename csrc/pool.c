@@ -54,7 +54,7 @@ struct kp_pool {
     size_t nchunks, mapped;
     void *free_list;                /* locked mode */
     size_t free_count, live, high_water;
-    _Atomic uint64_t allocs, frees, carved, exhausted, waits;  /* locked mode and retired caches */
+    _Atomic uint64_t allocs, frees, misses, carved, exhausted, waits;  /* locked mode and retired caches */
     uint32_t ndesc;                 /* descriptors made (under lock) */
     _Atomic(kp_batch *) desc_blocks[DESC_BLOCKS];   /* written once each, under lock */
     struct kp_pool *list_next, *list_prev;
@@ -176,6 +176,25 @@ static void *carve(kp_pool *pool) {
     return p;
 }
 
+/* Up to `want` contiguous new blocks (at least one) for a thread's cache, so
+ * that blocks of different threads do not share cache lines; *got says how
+ * many. NULL + ENOMEM. REQUIRES pool lock. */
+static char *carve_run(kp_pool *pool, uint32_t want, uint32_t *got) {
+    char *p = carve(pool);
+    if (!p) return NULL;
+    uint32_t n = 1;
+    size_t room = (size_t)(pool->bump_end - pool->bump) / pool->block_size;
+    size_t more = want - 1 < room ? want - 1 : room;
+    if (more) {
+        pool->bump += more * pool->block_size;
+        _kp_pagemap_get((uintptr_t)p >> KP_PAGE_SHIFT)->carved += (uint32_t)more;
+        KP_BUMP(pool->carved, more);
+        n += (uint32_t)more;
+    }
+    *got = n;
+    return p;
+}
+
 static void release_chunk(kp_pool *pool, kp_span *s) {
     s->prev->next = s->next;
     s->next->prev = s->prev;
@@ -236,7 +255,7 @@ kp_pool *kp_pool_create(size_t block_size, size_t align, size_t capacity) {
     return pool;
 }
 
-static void sum_caches(kp_pool *pool, uint64_t *allocs, uint64_t *frees, size_t *cached);
+static void sum_caches(kp_pool *pool, uint64_t *allocs, uint64_t *frees, uint64_t *misses, size_t *cached);
 
 void kp_pool_destroy(kp_pool *pool) {
     if (!pool) return;
@@ -247,10 +266,10 @@ void kp_pool_destroy(kp_pool *pool) {
     pthread_mutex_unlock(&pools_lock);
 #if KP_DEBUG
     {
-        uint64_t a, f;
+        uint64_t a, f, m;
         size_t cached;
         _kp_lock(&pool->lock);
-        sum_caches(pool, &a, &f, &cached);
+        sum_caches(pool, &a, &f, &m, &cached);
         _kp_unlock(&pool->lock);
         if (a != f) _kp_error("kp_pool_destroy", pool, "pool still has live blocks");
     }
@@ -312,6 +331,7 @@ static __attribute__((noinline)) void *locked_alloc(kp_pool *pool) {
             _kp_unlock(&pool->lock);
             return NULL;
         }
+        KP_BUMP(pool->misses, 1);
     }
     pool->live++;
     if (pool->live > pool->high_water) pool->high_water = pool->live;
@@ -342,7 +362,8 @@ static __attribute__((noinline)) void claim_cache(kp_pool_cache *pc, uint64_t id
     KP_STORE(pc->count, 0);
     KP_STORE(pc->allocs, 0);
     KP_STORE(pc->frees, 0);
-    KP_STORE(pc->hits, 0);
+    KP_STORE(pc->misses, 0);
+    pc->fresh = pc->fresh_end = NULL;
     KP_STORE(pc->pool_id, id);
 }
 
@@ -371,9 +392,9 @@ static __attribute__((noinline)) int push_batch(kp_pool *pool, kp_pool_cache *pc
 /* Cached mode keeps no live count; when a block is carved (live is near its
  * peak then) the caches are summed. REQUIRES pool lock. */
 static void note_high_water(kp_pool *pool, size_t pending) {
-    uint64_t allocs, frees;
+    uint64_t allocs, frees, misses;
     size_t cached;
-    sum_caches(pool, &allocs, &frees, &cached);
+    sum_caches(pool, &allocs, &frees, &misses, &cached);
     size_t live = (size_t)(allocs - frees) + pending;
     if (live > pool->high_water) pool->high_water = live;
 }
@@ -395,6 +416,10 @@ static __attribute__((noinline)) void *cached_alloc_slow(kp_pool *pool) {
     if (p) {
         pc->head = *(void **)p;
         KP_STORE(pc->count, KP_LOAD(pc->count) - 1);
+    } else if (pc->fresh < pc->fresh_end) {
+        p = pc->fresh;
+        pc->fresh += pool->block_size;
+        KP_BUMP(pc->misses, 1);
     } else {
         _kp_lock(&pool->lock);
         p = pool->free_list;     /* blocks left by threads without a cache */
@@ -402,16 +427,13 @@ static __attribute__((noinline)) void *cached_alloc_slow(kp_pool *pool) {
             pool->free_list = *(void **)p;
             pool->free_count--;
         } else {
-            p = carve(pool);
-            if (p) {
-                /* Carve a batch for this thread's cache, so that blocks of
-                 * different threads do not share cache lines. */
-                for (uint32_t i = 1; i < pool->batch && (size_t)(pool->bump_end - pool->bump) >= pool->block_size; i++) {
-                    void *q = carve(pool);
-                    *(void **)q = pc->head;
-                    pc->head = q;
-                    KP_BUMP(pc->count, 1);
-                }
+            uint32_t got = 0;
+            char *run = carve_run(pool, pool->batch, &got);
+            if (run) {
+                p = run;
+                pc->fresh = run + pool->block_size;
+                pc->fresh_end = run + (size_t)got * pool->block_size;
+                KP_BUMP(pc->misses, 1);
                 note_high_water(pool, 1);
             }
         }
@@ -505,7 +527,13 @@ void _kp_pool_thread_flush(kp_tcache *tc) {
             _kp_lock(&pool->lock);
             KP_BUMP(pool->allocs, KP_LOAD(pc->allocs));
             KP_BUMP(pool->frees, KP_LOAD(pc->frees));
+            KP_BUMP(pool->misses, KP_LOAD(pc->misses));
             KP_STORE(pc->pool_id, 0);
+            for (; pc->fresh < pc->fresh_end; pc->fresh += pool->block_size) {
+                *(void **)pc->fresh = pool->free_list;
+                pool->free_list = pc->fresh;
+                pool->free_count++;
+            }
             while (pc->head) {
                 void *p = pc->head;
                 pc->head = *(void **)p;
@@ -517,6 +545,7 @@ void _kp_pool_thread_flush(kp_tcache *tc) {
         }
         KP_STORE(pc->pool_id, 0);
         pc->head = NULL;
+        pc->fresh = pc->fresh_end = NULL;
         KP_STORE(pc->count, 0);
     }
     pthread_mutex_unlock(&pools_lock);
@@ -525,9 +554,10 @@ void _kp_pool_thread_flush(kp_tcache *tc) {
 /* ---- statistics and queries ------------------------------------------------------------------ */
 
 /* Sum the live threads' caches of pool. REQUIRES pool lock. */
-static void sum_caches(kp_pool *pool, uint64_t *allocs, uint64_t *frees, size_t *cached) {
+static void sum_caches(kp_pool *pool, uint64_t *allocs, uint64_t *frees, uint64_t *misses, size_t *cached) {
     *allocs = KP_LOAD(pool->allocs);
     *frees = KP_LOAD(pool->frees);
+    *misses = KP_LOAD(pool->misses);
     *cached = 0;
     if (pool->slot < 0) return;
     _kp_registry_lock();
@@ -536,6 +566,7 @@ static void sum_caches(kp_pool *pool, uint64_t *allocs, uint64_t *frees, size_t 
         if (KP_LOAD(pc->pool_id) != pool->id) continue;
         *allocs += KP_LOAD(pc->allocs);
         *frees += KP_LOAD(pc->frees);
+        *misses += KP_LOAD(pc->misses);
         *cached += KP_LOAD(pc->count);
     }
     _kp_registry_unlock();
@@ -546,16 +577,16 @@ int kp_pool_stats_get(kp_pool *pool, kp_pool_stats *out) {
         errno = EINVAL;
         return -1;
     }
-    uint64_t allocs, frees;
+    uint64_t allocs, frees, misses;
     size_t cached;
     _kp_lock(&pool->lock);
-    sum_caches(pool, &allocs, &frees, &cached);
+    sum_caches(pool, &allocs, &frees, &misses, &cached);
     size_t live = pool->slot < 0 ? pool->live : (size_t)(allocs - frees);
     if (live > pool->high_water) pool->high_water = live;
     out->allocs = allocs;
     out->frees = frees;
-    out->misses = KP_LOAD(pool->carved);
-    out->hits = allocs > out->misses ? allocs - out->misses : 0;
+    out->misses = misses;
+    out->hits = allocs > misses ? allocs - misses : 0;
     out->exhausted = KP_LOAD(pool->exhausted);
     out->capacity_waits = KP_LOAD(pool->waits);
     out->live = live;
@@ -602,6 +633,14 @@ size_t kp_pool_trim(kp_pool *pool) {
         }
     }
     _kp_lock(&pool->lock);
+    if (pool->slot >= 0 && tc && KP_LOAD(tc->pools[pool->slot].pool_id) == pool->id) {
+        kp_pool_cache *pc = &tc->pools[pool->slot];
+        for (; pc->fresh < pc->fresh_end; pc->fresh += pool->block_size) {
+            *(void **)pc->fresh = pool->free_list;
+            pool->free_list = pc->fresh;
+            pool->free_count++;
+        }
+    }
     for (kp_batch *b; pool->slot >= 0 && (b = stack_pop(pool, &pool->top)) != NULL;) {
         while (b->head) {
             void *p = b->head;

@@ -111,9 +111,9 @@ typedef struct kp_pool_stats {
     size_t struct_size;       /* set by the caller to sizeof(kp_pool_stats) */
     uint64_t allocs;          /* successful kp_pool_alloc calls */
     uint64_t frees;           /* kp_pool_free calls */
-    uint64_t hits;            /* allocs - misses: allocs served by a block used before */
-    uint64_t misses;          /* blocks carved new (unbounded pools carve a batch at a
-                                 time for the calling thread's cache) */
+    uint64_t hits;            /* allocs served by a block used before */
+    uint64_t misses;          /* allocs served by a new block (unbounded pools carve
+                                 new blocks a batch at a time for each thread) */
     uint64_t exhausted;       /* allocs refused at capacity (ENOBUFS) */
     uint64_t capacity_waits;  /* waits for a free block, noted by kp_pool_note_wait */
     size_t live;              /* blocks live now */
