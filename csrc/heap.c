@@ -174,11 +174,13 @@ static void *large_alloc(size_t size, size_t align) {
     return (void *)(s->start << KP_PAGE_SHIFT);
 }
 
-void _kp_large_free(kp_span *s) {
+/* REQUIRES page heap lock: validation and release happen under one hold,
+ * so two threads freeing the same block cannot both pass the check. */
+static void large_free_locked(kp_span *s) {
     atomic_fetch_sub_explicit(&large_bytes, s->npages * KP_PAGE_SIZE, memory_order_relaxed);
     atomic_fetch_sub_explicit(&large_requested, s->requested, memory_order_relaxed);
     atomic_fetch_add_explicit(&large_frees, 1, memory_order_relaxed);
-    _kp_pageheap_free(s);
+    _kp_pageheap_free_locked(s);
 }
 
 /* Free a pointer whose page is not a small span: large, pool, arena, or not
@@ -194,12 +196,9 @@ static void free_other(void *p, const char *call) {
     else if (s->state == KP_SPAN_ARENA) what = "pointer belongs to a kp_arena: arenas free their blocks at kp_arena_reset";
     else if (s->state != KP_SPAN_LARGE) what = "pointer is not a live kpool block";
     else if ((uintptr_t)p != (s->start << KP_PAGE_SHIFT)) what = "pointer is inside a block, not its start";
+    if (!what) large_free_locked(s);
     _kp_unlock(lk);
-    if (what) {
-        _kp_error(call, p, what);
-        return;
-    }
-    _kp_large_free(s);
+    if (what) _kp_error(call, p, what);
 }
 
 /* ---- public API ---------------------------------------------------------------------- */

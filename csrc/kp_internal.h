@@ -129,6 +129,7 @@ KP_INTERNAL kp_span *_kp_pageheap_alloc(size_t npages, kp_span_state state);
 /* Same, its first page aligned to align_pages pages (a power of two). */
 KP_INTERNAL kp_span *_kp_pageheap_alloc_aligned(size_t npages, size_t align_pages, kp_span_state state);
 KP_INTERNAL void _kp_pageheap_free(kp_span *s);
+KP_INTERNAL void _kp_pageheap_free_locked(kp_span *s);   /* REQUIRES page heap lock */
 /* Release every free span's pages to the OS; bytes released. */
 KP_INTERNAL size_t _kp_pageheap_trim(void);
 /* Run the time-based decay if the lock is free (never waits). */
@@ -189,7 +190,6 @@ KP_INTERNAL kp_tcache *_kp_registry_first(void);   /* REQUIRES registry lock */
 KP_INTERNAL void _kp_tcache_after_fork_child(void);
 
 /* ---- heap.c ------------------------------------------------------------------ */
-KP_INTERNAL void _kp_large_free(kp_span *s);
 KP_INTERNAL void _kp_heap_large_figures(size_t *bytes, size_t *requested, uint64_t *allocs, uint64_t *frees);
 
 /* ---- pool.c ------------------------------------------------------------------ */

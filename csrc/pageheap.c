@@ -326,6 +326,11 @@ kp_span *_kp_pageheap_alloc_aligned(size_t npages, size_t align_pages, kp_span_s
 
 void _kp_pageheap_free(kp_span *s) {
     _kp_lock(&ph.lock);
+    _kp_pageheap_free_locked(s);
+    _kp_unlock(&ph.lock);
+}
+
+void _kp_pageheap_free_locked(kp_span *s) {
     kp_assert(s->state != KP_SPAN_FREE && s->state != KP_SPAN_DEAD);
     if (s->state == KP_SPAN_SMALL || s->state == KP_SPAN_POOL) _kp_pagemap_set_class(s->start, s->npages, 0);
     ph.state_bytes[s->state] -= s->npages * KP_PAGE_SIZE;
@@ -337,7 +342,6 @@ void _kp_pageheap_free(kp_span *s) {
     insert_coalesced(s);
     decay();
     publish_figures();
-    _kp_unlock(&ph.lock);
 }
 
 /* ---- giving memory back ------------------------------------------------------ */
