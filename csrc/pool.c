@@ -312,6 +312,19 @@ static __attribute__((noinline)) void report_bad_free(kp_pool *pool, void *p) {
     (void)pool;
 }
 
+/* Put free block p on the pool's own list. REQUIRES pool lock. */
+static void free_list_push(kp_pool *pool, void *p) {
+    *(void **)p = pool->free_list;
+    pool->free_list = p;
+    pool->free_count++;
+}
+
+/* Move a thread cache's unused fresh blocks to the pool's list. REQUIRES
+ * pool lock. */
+static void give_fresh(kp_pool *pool, kp_pool_cache *pc) {
+    for (; pc->fresh < pc->fresh_end; pc->fresh += pool->block_size) free_list_push(pool, pc->fresh);
+}
+
 /* ---- locked mode ------------------------------------------------------------------------ */
 
 static __attribute__((noinline)) void *locked_alloc(kp_pool *pool) {
@@ -347,9 +360,7 @@ static __attribute__((noinline)) void locked_free(kp_pool *pool, void *p) {
         _kp_error("kp_pool_free", p, "double free (block is not live)");
         return;
     }
-    *(void **)p = pool->free_list;
-    pool->free_list = p;
-    pool->free_count++;
+    free_list_push(pool, p);
     pool->live--;
     KP_BUMP(pool->frees, 1);
     _kp_unlock(&pool->lock);
@@ -487,9 +498,7 @@ static __attribute__((noinline)) void pool_free_slow(kp_pool *pool, void *p) {
     kp_tcache *tc = _kp_tcache_get();
     if (!tc) {                     /* thread exiting: the pool's own list */
         _kp_lock(&pool->lock);
-        *(void **)p = pool->free_list;
-        pool->free_list = p;
-        pool->free_count++;
+        free_list_push(pool, p);
         KP_BUMP(pool->frees, 1);
         _kp_unlock(&pool->lock);
         return;
@@ -529,17 +538,11 @@ void _kp_pool_thread_flush(kp_tcache *tc) {
             KP_BUMP(pool->frees, KP_LOAD(pc->frees));
             KP_BUMP(pool->misses, KP_LOAD(pc->misses));
             KP_STORE(pc->pool_id, 0);
-            for (; pc->fresh < pc->fresh_end; pc->fresh += pool->block_size) {
-                *(void **)pc->fresh = pool->free_list;
-                pool->free_list = pc->fresh;
-                pool->free_count++;
-            }
+            give_fresh(pool, pc);
             while (pc->head) {
                 void *p = pc->head;
                 pc->head = *(void **)p;
-                *(void **)p = pool->free_list;
-                pool->free_list = p;
-                pool->free_count++;
+                free_list_push(pool, p);
             }
             _kp_unlock(&pool->lock);
         }
@@ -634,20 +637,13 @@ size_t kp_pool_trim(kp_pool *pool) {
     }
     _kp_lock(&pool->lock);
     if (pool->slot >= 0 && tc && KP_LOAD(tc->pools[pool->slot].pool_id) == pool->id) {
-        kp_pool_cache *pc = &tc->pools[pool->slot];
-        for (; pc->fresh < pc->fresh_end; pc->fresh += pool->block_size) {
-            *(void **)pc->fresh = pool->free_list;
-            pool->free_list = pc->fresh;
-            pool->free_count++;
-        }
+        give_fresh(pool, &tc->pools[pool->slot]);
     }
     for (kp_batch *b; pool->slot >= 0 && (b = stack_pop(pool, &pool->top)) != NULL;) {
         while (b->head) {
             void *p = b->head;
             b->head = *(void **)p;
-            *(void **)p = pool->free_list;
-            pool->free_list = p;
-            pool->free_count++;
+            free_list_push(pool, p);
         }
         stack_push(pool, &pool->spare, b);
     }

@@ -25,6 +25,8 @@
 
 typedef struct counters {
     kp_tcache_totals t;
+    kp_pageheap_figures ph;
+    size_t large_bytes, large_requested;
     uint64_t large_allocs, large_frees, grows, os_releases;
     uint64_t lock_acquires, lock_contended, lock_wait_ns;
 } counters;
@@ -51,12 +53,10 @@ static void collect(counters *c) {
     add_lock(c, _kp_pageheap_lock());
     add_lock(c, _kp_meta_lock());
     add_lock(c, _kp_registry_lock_ptr());
-    size_t lb, lr;
-    _kp_heap_large_figures(&lb, &lr, &c->large_allocs, &c->large_frees);
-    kp_pageheap_figures ph;
-    _kp_pageheap_figures(&ph);
-    c->grows = ph.grows;
-    c->os_releases = ph.os_releases;
+    _kp_heap_large_figures(&c->large_bytes, &c->large_requested, &c->large_allocs, &c->large_frees);
+    _kp_pageheap_figures(&c->ph);
+    c->grows = c->ph.grows;
+    c->os_releases = c->ph.os_releases;
 }
 
 static uint64_t since(uint64_t now, uint64_t base) { return now >= base ? now - base : 0; }
@@ -79,11 +79,8 @@ int kp_stats_get(kp_stats *out) {
     base = baseline;
     pthread_mutex_unlock(&baseline_lock);
     st->threads = now.t.threads;
-    kp_pageheap_figures ph;
-    _kp_pageheap_figures(&ph);
-    size_t large_bytes, large_requested;
-    uint64_t la, lf;
-    _kp_heap_large_figures(&large_bytes, &large_requested, &la, &lf);
+    const kp_pageheap_figures ph = now.ph;
+    const size_t large_bytes = now.large_bytes, large_requested = now.large_requested;
 
     st->version = KP_STATS_VERSION;
     st->enabled = KP_STATS;
@@ -147,7 +144,6 @@ int kp_stats_get(kp_stats *out) {
     st->internal_fragmentation =
         st->bytes_in_use ? 1.0 - (double)st->bytes_requested / (double)st->bytes_in_use : 0.0;
     size_t held = free_tc + free_central + ph.free_bytes;
-    (void)la; (void)lf;
     size_t largest = ph.largest_free > largest_class_free ? ph.largest_free : largest_class_free;
     st->external_fragmentation = held ? 1.0 - (double)(largest < held ? largest : held) / (double)held : 0.0;
 
