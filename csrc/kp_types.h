@@ -44,7 +44,11 @@
 #define KP_COARSE_STEP 128                     /* lookup granularity above KP_FINE_MAX */
 #define KP_NUM_CLASSES 129                     /* class 0 is "not a small class" */
 #define KP_MIN_ALIGN 16
-#define KP_CLASS_POOL 255                      /* pagemap class byte of a pool chunk's pages */
+#define KP_CLASS_POOL 255                      /* pagemap class byte of a pool chunk (no fast free) */
+#define KP_CLASS_POOL_SLOT0 KP_NUM_CLASSES      /* + slot: a cached pool's chunks (fast free) */
+#define KP_CLASS_NEVER 254                     /* written to no page: "this pool has no fast free" */
+#define KP_POOL_CHUNK_MIN ((size_t)64 << 10)   /* pool chunks: at least this, 16 blocks, a power of two */
+#define KP_POOL_CHUNK_ALIGNED ((size_t)4 << 20) /* chunks up to here are aligned to their size */
 
 _Static_assert(KP_NUM_CLASSES <= KP_STATS_MAX_CLASSES, "the stats struct holds every class");
 _Static_assert(KP_NUM_CLASSES <= 256, "a class index fits in the pagemap's byte");
@@ -70,6 +74,7 @@ _Static_assert(KP_SMALL_MAX % KP_COARSE_STEP == 0, "coarse lookup covers the sma
 #define KP_TCACHE_MAX_BYTES ((size_t)2 << 20)  /* over it, the largest list is trimmed */
 #define KP_BATCH_MAX 32
 #define KP_POOL_SLOTS 64                       /* pools with a per-thread cache at once */
+_Static_assert(KP_CLASS_POOL_SLOT0 + KP_POOL_SLOTS <= KP_CLASS_NEVER, "pool slot tags fit below the reserved bytes");
 
 /* ---- locks ----------------------------------------------------------------
  * A mutex that counts acquisitions, contention (the try-lock failed) and the

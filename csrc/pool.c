@@ -15,10 +15,18 @@
  *  - locked (bounded pools, or no slot left): one free list under the pool's
  *    lock, so that `capacity` is exact across threads: at most capacity
  *    blocks are live at once.
+ * Chunks all have one size per pool. Up to KP_POOL_CHUNK_ALIGNED they are a
+ * power of two aligned to their size, so a block's offset in its chunk is
+ * p & chunk_mask; their pages carry the class byte KP_CLASS_POOL_SLOT0 +
+ * slot for a cached pool, so kp_pool_free validates a pointer with one
+ * pagemap byte, a mask and a multiply (no span lookup). Other pools' pages
+ * carry KP_CLASS_POOL and are validated through their span.
  * Calls: pageheap (chunks), pagemap (pointer -> chunk), tcache (the caches).
  * Invariants: blocks carved == live + free (caches + shared stack + list);
- *   a block pointer is valid iff its page's class byte is KP_CLASS_POOL, its
- *   chunk's owner is the pool and its offset is a multiple of block_size.
+ *   a block pointer is valid iff its page's class byte is the pool's tag, its
+ *   chunk is the pool's (implied by a slot tag; checked through the span for
+ *   KP_CLASS_POOL) and its offset is a multiple of block_size below
+ *   chunk_limit.
  *   Thread caches name their pool by a never-reused id, so a cache left by a
  *   destroyed pool is recognised and dropped, never used.
  * Locks: the pool registry lock (the list of live pools and the slot table),
@@ -44,13 +52,17 @@ struct kp_pool {
     size_t block_size;              /* rounded up to align */
     size_t align;
     size_t capacity;                /* 0 = unbounded */
-    uint64_t mod_magic;             /* for offset % block_size without division */
+    uint64_t mod_magic;             /* ceil(2^64 / block_size): divisibility by one multiply */
+    uintptr_t chunk_mask;           /* chunk_bytes - 1 for aligned chunks, else 0 */
+    uint64_t chunk_limit;           /* blocks per chunk * block_size */
+    unsigned tag;                   /* class byte of its chunks' pages */
+    unsigned fast_tag;              /* tag if frees take the fast path, else KP_CLASS_NEVER */
     _Atomic uint64_t top;           /* shared stack of full batches: tag << 32 | index */
     _Atomic uint64_t spare;         /* stack of empty descriptors, likewise */
     kp_lock lock;
     kp_span chunks;                 /* sentinel: the pool's chunks */
     char *bump, *bump_end;          /* carving cursor in the newest chunk */
-    size_t next_chunk;              /* bytes of the next chunk */
+    size_t chunk_bytes;             /* every chunk's size */
     size_t nchunks, mapped;
     void *free_list;                /* locked mode */
     size_t free_count, live, high_water;
@@ -144,9 +156,9 @@ void _kp_pools_reinit_locks(void) {
  * up), or NULL + ENOMEM. REQUIRES pool lock. */
 static void *carve(kp_pool *pool) {
     if ((size_t)(pool->bump_end - pool->bump) < pool->block_size) {
-        size_t bytes = pool->next_chunk;
-        size_t npages = (bytes + KP_PAGE_SIZE - 1) >> KP_PAGE_SHIFT;
-        size_t align_pages = pool->align > KP_PAGE_SIZE ? pool->align >> KP_PAGE_SHIFT : 1;
+        size_t npages = (pool->chunk_bytes + KP_PAGE_SIZE - 1) >> KP_PAGE_SHIFT;
+        size_t align = pool->chunk_mask ? pool->chunk_bytes : pool->align;
+        size_t align_pages = align > KP_PAGE_SIZE ? align >> KP_PAGE_SHIFT : 1;
         kp_span *s = _kp_pageheap_alloc_aligned(npages, align_pages, KP_SPAN_POOL);
         if (!s) {
             errno = ENOMEM;
@@ -154,9 +166,9 @@ static void *carve(kp_pool *pool) {
         }
         s->owner = pool;
         s->requested = pool->block_size;
-        s->capacity = (uint32_t)((s->npages * KP_PAGE_SIZE) / pool->block_size);
+        s->capacity = (uint32_t)(pool->chunk_limit / pool->block_size);
         s->carved = 0;
-        _kp_pagemap_set_class(s->start, s->npages, KP_CLASS_POOL);
+        _kp_pagemap_set_class(s->start, s->npages, pool->tag);
         s->next = pool->chunks.next;
         s->prev = &pool->chunks;
         pool->chunks.next->prev = s;
@@ -164,9 +176,7 @@ static void *carve(kp_pool *pool) {
         pool->nchunks++;
         pool->mapped += s->npages * KP_PAGE_SIZE;
         pool->bump = (char *)(s->start << KP_PAGE_SHIFT);
-        pool->bump_end = pool->bump + (size_t)s->capacity * pool->block_size;
-        if (pool->next_chunk < ((size_t)4 << 20)) pool->next_chunk *= 2;
-        if (pool->next_chunk < pool->block_size) pool->next_chunk = pool->block_size;
+        pool->bump_end = pool->bump + pool->chunk_limit;
     }
     void *p = pool->bump;
     pool->bump += pool->block_size;
@@ -225,16 +235,26 @@ kp_pool *kp_pool_create(size_t block_size, size_t align, size_t capacity) {
     pool->mod_magic = UINT64_MAX / pool->block_size + 1;
     size_t batch = 65536 / pool->block_size;
     pool->batch = (uint32_t)(batch < 4 ? 4 : batch > 64 ? 64 : batch);
-    /* The first chunk holds 16 blocks, at least 64 KiB and at most 4 MiB
-     * (one block, if a block is larger); chunks then double up to 4 MiB. */
-    size_t first = pool->block_size * 16;
-    if (first < 65536) first = 65536;
-    if (first > ((size_t)4 << 20)) first = (size_t)4 << 20;
-    if (first < pool->block_size) first = pool->block_size;
-    pool->next_chunk = first;
+    /* A chunk holds at least 16 blocks and 64 KiB, rounded up to a power of
+     * two and aligned to it, up to KP_POOL_CHUNK_ALIGNED; larger blocks get
+     * chunks of max(4 MiB, one block) found through their span. */
+    size_t want = pool->block_size * 16 > KP_POOL_CHUNK_MIN ? pool->block_size * 16 : KP_POOL_CHUNK_MIN;
+    if (want < align) want = align;
+    if (want <= KP_POOL_CHUNK_ALIGNED) {
+        pool->chunk_bytes = KP_POOL_CHUNK_MIN;
+        while (pool->chunk_bytes < want) pool->chunk_bytes *= 2;
+        pool->chunk_mask = pool->chunk_bytes - 1;
+    } else {
+        pool->chunk_bytes = pool->block_size > KP_POOL_CHUNK_ALIGNED ? pool->block_size : KP_POOL_CHUNK_ALIGNED;
+        pool->chunk_mask = 0;
+    }
+    size_t chunk_room = _kp_align_up(pool->chunk_bytes, KP_PAGE_SIZE);
+    pool->chunk_limit = chunk_room / pool->block_size * pool->block_size;
     pool->chunks.next = pool->chunks.prev = &pool->chunks;
     _kp_lock_init(&pool->lock);
     pool->slot = -1;
+    pool->tag = KP_CLASS_POOL;
+    pool->fast_tag = KP_CLASS_NEVER;
 
     pthread_mutex_lock(&pools_lock);
     pool->id = next_pool_id++;
@@ -243,6 +263,7 @@ kp_pool *kp_pool_create(size_t block_size, size_t align, size_t capacity) {
             if (!slots[i]) {
                 slots[i] = pool;
                 pool->slot = i;
+                if (pool->chunk_mask) pool->tag = pool->fast_tag = KP_CLASS_POOL_SLOT0 + (unsigned)i;
                 break;
             }
         }
@@ -286,24 +307,25 @@ void kp_pool_destroy(kp_pool *pool) {
 
 /* ---- validation ------------------------------------------------------------------------ */
 
+/* 1 if an offset in a chunk is a block boundary: Lemire's divisibility test,
+ * exact for offsets below 2^32 (chunks are at most 2^30 + a page). */
+static inline __attribute__((always_inline)) int block_offset_ok(const kp_pool *pool, uint64_t off) {
+    return off < pool->chunk_limit && pool->mod_magic * off < pool->mod_magic;
+}
+
 /* 1 if p lies at a block boundary inside one of pool's chunks. Lock-free:
- * the class byte says "pool chunk", and a chunk's fields do not change
- * while it has a live block. */
-static inline __attribute__((always_inline)) int block_ok(const kp_pool *pool, const void *p) {
-    uintptr_t pn = (uintptr_t)p >> KP_PAGE_SHIFT;
-    if (KP_UNLIKELY(pn >> KP_PAGEMAP_BITS)) return 0;
-    kp_pagemap_leaf *leaf = atomic_load_explicit(&_kp_pagemap_root[pn >> KP_LEAF_BITS], memory_order_acquire);
-    if (!leaf) return 0;
-    pn &= KP_LEAF_PAGES - 1;
-    if (atomic_load_explicit(&leaf->classes[pn], memory_order_relaxed) != KP_CLASS_POOL) return 0;
-    kp_span *s = atomic_load_explicit(&leaf->spans[pn], memory_order_acquire);
-    if (!s || s->owner != pool) return 0;
-    uint64_t off = (uintptr_t)p - (s->start << KP_PAGE_SHIFT);
-    if (off >= (uint64_t)s->capacity * pool->block_size) return 0;
-    /* off % block_size by Lemire's method: exact for 32-bit operands. */
-    uint64_t low = pool->mod_magic * (uint32_t)off;
-    uint64_t rem = (uint64_t)(((unsigned __int128)low * pool->block_size) >> 64);
-    return off >> 32 ? off % pool->block_size == 0 : rem == 0;
+ * the class byte names the pool's chunks, and a chunk's fields do not
+ * change while it has a live block. */
+static int block_ok(const kp_pool *pool, const void *p) {
+    unsigned tag = _kp_pagemap_class(p);
+    if (tag != pool->tag) return 0;
+    uint64_t off = (uintptr_t)p & pool->chunk_mask;
+    if (tag == KP_CLASS_POOL) {      /* shared by every pool without a slot tag */
+        kp_span *s = _kp_pagemap_get((uintptr_t)p >> KP_PAGE_SHIFT);
+        if (!s || s->owner != pool) return 0;
+        if (!pool->chunk_mask) off = (uintptr_t)p - (s->start << KP_PAGE_SHIFT);
+    }
+    return block_offset_ok(pool, off);
 }
 
 static __attribute__((noinline)) void report_bad_free(kp_pool *pool, void *p) {
@@ -512,12 +534,17 @@ static __attribute__((noinline)) void pool_free_slow(kp_pool *pool, void *p) {
 }
 
 void kp_pool_free(kp_pool *pool, void *p) {
-    kp_tcache *tc = _kp_tls_tcache;
-    if (KP_LIKELY(p && pool && pool->slot >= 0 && tc && block_ok(pool, p))) {
-        kp_pool_cache *pc = &tc->pools[pool->slot];
-        if (KP_LIKELY(KP_LOAD(pc->pool_id) == pool->id && pc->head != p)) {
-            cached_push(pool, pc, p);
-            return;
+    if (KP_LIKELY(pool != NULL)) {
+        /* A slot tag on p's page says: a chunk of the cached pool in that
+         * slot (NULL and foreign pointers have other bytes). */
+        unsigned tag = _kp_pagemap_class(p);
+        kp_tcache *tc = _kp_tls_tcache;
+        if (KP_LIKELY(tag == pool->fast_tag && tc != NULL && block_offset_ok(pool, (uintptr_t)p & pool->chunk_mask))) {
+            kp_pool_cache *pc = &tc->pools[tag - KP_CLASS_POOL_SLOT0];
+            if (KP_LIKELY(KP_LOAD(pc->pool_id) == pool->id && pc->head != p)) {
+                cached_push(pool, pc, p);
+                return;
+            }
         }
     }
     pool_free_slow(pool, p);
