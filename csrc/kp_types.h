@@ -71,8 +71,14 @@ _Static_assert(KP_SMALL_MAX % KP_COARSE_STEP == 0, "coarse lookup covers the sma
 #define KP_DECAY_CHECK_MS 50                   /* how often the page heap looks at the clock */
 
 /* ---- thread cache -------------------------------------------------------- */
+#ifndef KP_TCACHE_MAX_BYTES
 #define KP_TCACHE_MAX_BYTES ((size_t)2 << 20)  /* over it, the largest list is trimmed */
+#endif
+#ifndef KP_TCACHE_MAX_BATCHES
+#define KP_TCACHE_MAX_BATCHES 4                /* a list holds at most this many batches */
+#endif
 #define KP_BATCH_MAX 32
+#define KP_STEAL_TRIES 4                       /* lists a full budget looks at per grow */
 #define KP_POOL_SLOTS 64                       /* pools with a per-thread cache at once */
 _Static_assert(KP_CLASS_POOL_SLOT0 + KP_POOL_SLOTS <= KP_CLASS_NEVER, "pool slot tags fit below the reserved bytes");
 
@@ -193,6 +199,7 @@ typedef struct kp_tcache {
     kp_tlist lists[KP_NUM_CLASSES];
     kp_thread_counters counters;
     size_t budget_used;             /* sum of max * size over lists */
+    unsigned steal_next;            /* next list grow() may take budget from */
     kp_tmoves moves[KP_NUM_CLASSES];
     struct kp_tcache *reg_next, *reg_prev; /* registry, under the registry lock */
     pthread_t thread;

@@ -36,7 +36,7 @@ static void describe(unsigned cls, size_t size) {
     c->npages = (uint32_t)npages;
     c->objects = (uint32_t)objects;
     c->batch = (uint32_t)batch;
-    c->tcache_max = (uint32_t)(batch * 4);
+    c->tcache_max = (uint32_t)(batch * KP_TCACHE_MAX_BATCHES);
     c->recip = (((uint64_t)1 << 32) + size - 1) / size;
 }
 

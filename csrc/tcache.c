@@ -101,23 +101,22 @@ static size_t shrink(kp_tcache *tc, unsigned c, size_t bytes) {
     return (size_t)drop * size;
 }
 
-/* Raise cls's max by one batch, taking budget from the largest other list
- * if the cap is reached. 1 if it grew. */
+/* Raise cls's max by one batch. At the cap, budget is taken from other
+ * lists that hold more than cls, looked at round-robin a few at a time, so a
+ * full budget costs O(1) per call, not a scan of every class. 1 if it grew. */
 static int grow(kp_tcache *tc, unsigned cls) {
     const kp_class_info *ci = &_kp_classes[cls];
     kp_tlist *l = &tc->lists[cls];
     if (l->max >= ci->tcache_max) return 0;
     size_t need = (size_t)ci->batch * ci->size;
-    while (tc->budget_used + need > KP_TCACHE_MAX_BYTES) {
-        unsigned victim = 0;
-        size_t most = 0;
-        for (unsigned c = 1; c < KP_NUM_CLASSES; c++) {
-            size_t b = (size_t)tc->lists[c].max * _kp_classes[c].size;
-            if (c != cls && b > most) { most = b; victim = c; }
-        }
-        if (!victim || most <= (size_t)l->max * ci->size) return 0;   /* cls already holds the most */
-        shrink(tc, victim, tc->budget_used + need - KP_TCACHE_MAX_BYTES);
+    size_t mine = (size_t)l->max * ci->size;
+    for (unsigned tries = 0; tc->budget_used + need > KP_TCACHE_MAX_BYTES && tries < KP_STEAL_TRIES; tries++) {
+        unsigned c = tc->steal_next;
+        tc->steal_next = c + 1 < KP_NUM_CLASSES ? c + 1 : 1;
+        if (c == cls || (size_t)tc->lists[c].max * _kp_classes[c].size <= mine) continue;
+        shrink(tc, c, tc->budget_used + need - KP_TCACHE_MAX_BYTES);
     }
+    if (tc->budget_used + need > KP_TCACHE_MAX_BYTES) return 0;
     l->max += ci->batch;
     tc->budget_used += need;
     return 1;

@@ -563,7 +563,8 @@ KPS_INLINE int ring_pop(kps_thread *t, ring *q, ring_item *it) {
  * ------------------------------------------------------------------------
  * larson: each thread replaces random slots of its window; the block taken
  * out is handed to the next thread on a ring, which frees it (cross-thread
- * free). A full ring means the block is freed locally (counted).
+ * free). A full ring makes the thread wait, freeing its own input, so all
+ * frees are remote; only a stop request frees locally (counted).
  * ---------------------------------------------------------------------- */
 KPS_INLINE void drain(kps_thread *t, const alloc_vt *vt, const int verify) {
     ring_item it;
@@ -587,7 +588,16 @@ KPS_INLINE void run_larson(kps_thread *t, const int verify) {
         uint64_t a = 0;
         int sample = (i & KPS_SAMPLE_MASK) == 0;
         if (sample) a = now_ns();
-        if (ring_push(t, t->out, e->p, e->n)) {
+        /* A full ring is back-pressure, not a reason to free locally: the
+         * thread frees what reaches it while it waits, so every replaced
+         * block is freed by another thread whatever the scheduling. */
+        unsigned k = 0;
+        int pushed;
+        while (!(pushed = ring_push(t, t->out, e->p, e->n)) && !stopping(r)) {
+            drain(t, vt, verify);
+            backoff(&k);
+        }
+        if (pushed) {
             t->remote++;
         } else {
             put_block(t, vt, e->p, e->n, verify);
