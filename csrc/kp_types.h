@@ -72,7 +72,7 @@ _Static_assert(KP_SMALL_MAX % KP_COARSE_STEP == 0, "coarse lookup covers the sma
 
 /* ---- thread cache -------------------------------------------------------- */
 #ifndef KP_TCACHE_MAX_BYTES
-#define KP_TCACHE_MAX_BYTES ((size_t)2 << 20)  /* over it, the largest list is trimmed */
+#define KP_TCACHE_MAX_BYTES ((size_t)2 << 20)  /* over it, larger lists give up budget */
 #endif
 #ifndef KP_TCACHE_MAX_BATCHES
 #define KP_TCACHE_MAX_BATCHES 4                /* a list holds at most this many batches */
@@ -163,7 +163,7 @@ typedef struct kp_central {
  * The byte cap costs nothing per operation: every list has a maximum length,
  * and the sum over lists of max * size (budget_used) stays within
  * KP_TCACHE_MAX_BYTES; a list that wants to grow past it takes budget from
- * the list holding the most. Frees are not counted per operation: per class,
+ * larger lists (tcache.c: grow). Frees are not counted per operation: per class,
  *   frees == allocs + count - fetched + returned.                          */
 typedef struct kp_tlist {          /* one cache line holds two lists */
     void *head;

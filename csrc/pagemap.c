@@ -3,8 +3,9 @@
  * Job: a two-level radix tree over the 48-bit address space in 8 KiB pages
  * (2^17 root slots, leaves of 2^18 pages mapped on demand). Each leaf holds
  * the span pointer of every page and, beside it, one byte per page: the
- * size class of an in-use small span (1..128), KP_CLASS_POOL for a pool
- * chunk, 0 otherwise. kp_free reads only that byte on its fast path.
+ * size class of an in-use small span (1..128), KP_CLASS_POOL_SLOT0 + slot
+ * for a cached pool's chunk, KP_CLASS_POOL for any other pool chunk, 0
+ * otherwise. kp_free reads only that byte on its fast path.
  * Calls: os (to map leaves).
  * Invariants: every page of an in-use span maps to it; a free span maps its
  *   first and last page (for coalescing); other entries may be stale, so a

@@ -5,8 +5,8 @@
  * refilled with one batch from the central list; a list longer than its
  * max gives one batch back. The byte cap is a budget of list lengths: a list
  * grows its max (up to its class's tcache_max) while sum(max * size) stays
- * within KP_TCACHE_MAX_BYTES, else it takes budget from the list with the
- * most, which gives back what no longer fits. When a thread exits, a pthread
+ * within KP_TCACHE_MAX_BYTES, else it takes budget from larger lists, a few
+ * per call in round-robin order, which give back what no longer fits. When a thread exits, a pthread
  * key destructor gives everything back, so threads that never call kpool at
  * exit are covered too.
  * Calls: central (batches), pool (through a hook: dropping pool caches).
