@@ -92,28 +92,26 @@ static void *small_alloc_slow(unsigned cls, size_t size) {
     return p;
 }
 
+/* The empty cache's lists have no head, so a thread without a cache takes
+ * the slow path here. */
 static inline __attribute__((always_inline)) void *small_alloc(unsigned cls, size_t size) {
-    kp_tcache *tc = _kp_tls_tcache;
-    if (KP_LIKELY(tc != NULL)) {
-        kp_tlist *l = &tc->lists[cls];
-        void *p = l->head;
-        if (KP_LIKELY(p != NULL)) {
-            l->head = *(void **)p;
-            KP_BUMP(l->count, -1);
-            KP_STAT_BUMP(l->allocs, 1);
-            KP_STAT_BUMP(l->requested, size);
-            if (KP_DEBUG) (void)DEBUG_MARK(p, 1, "kp_malloc");
-            return p;
-        }
+    kp_tlist *l = &_kp_tls_tcache->lists[cls];
+    void *p = l->head;
+    if (KP_LIKELY(p != NULL)) {
+        l->head = *(void **)p;
+        KP_BUMP(l->count, -1);
+        KP_STAT_BUMP(l->allocs, 1);
+        KP_STAT_BUMP(l->requested, size);
+        if (KP_DEBUG) (void)DEBUG_MARK(p, 1, "kp_malloc");
+        return p;
     }
     return small_alloc_slow(cls, size);
 }
 
-/* Push p (class cls) on tc's list; `sized` (a constant at every call) says
- * whether `requested` holds the size asked for p. */
-static inline __attribute__((always_inline)) void small_push(kp_tcache *tc, void *p, unsigned cls, int sized,
-                                                             size_t requested, const char *call) {
-    kp_tlist *l = &tc->lists[cls];
+/* Push p (class cls) on list l of tc; `sized` (a constant at every call)
+ * says whether `requested` holds the size asked for p. */
+static inline __attribute__((always_inline)) void small_push(kp_tcache *tc, kp_tlist *l, void *p, unsigned cls,
+                                                             int sized, size_t requested, const char *call) {
     void *head = l->head;
     if (KP_UNLIKELY(head == p)) {
         _kp_error(call, p, "double free (block is already at the head of this thread's free list)");
@@ -123,17 +121,18 @@ static inline __attribute__((always_inline)) void small_push(kp_tcache *tc, void
     l->head = p;
     KP_BUMP(l->count, 1);
     (void)requested;
-    if (sized) KP_STAT_BUMP(l->requested, -(uint64_t)requested);
+    if (sized) KP_STAT_DROP(l->requested, requested);
     else KP_STAT_BUMP(tc->moves[cls].unsized_frees, 1);
-    if (KP_UNLIKELY(KP_LOAD(l->count) > l->max)) _kp_tcache_overflow(tc, cls);
 }
 
-/* A free by a thread whose cache does not exist yet (or any more). */
-static __attribute__((noinline)) void small_free_uncached(void *p, unsigned cls, int sized, size_t requested,
-                                                          const char *call) {
+/* A free to a full list, or by a thread whose cache does not exist yet (or
+ * any more). */
+static __attribute__((noinline)) void small_free_slow(void *p, unsigned cls, int sized, size_t requested,
+                                                      const char *call) {
     kp_tcache *tc = _kp_tcache_get();
     if (tc) {
-        small_push(tc, p, cls, sized, requested, call);
+        small_push(tc, &tc->lists[cls], p, cls, sized, requested, call);
+        if (KP_LOAD(tc->lists[cls].count) > tc->lists[cls].max) _kp_tcache_overflow(tc, cls);
         return;
     }
     *(void **)p = NULL;
@@ -141,15 +140,18 @@ static __attribute__((noinline)) void small_free_uncached(void *p, unsigned cls,
     _kp_tcache_count_uncached(cls, 0, sized ? requested : _kp_classes[cls].size);
 }
 
+/* A full list (the empty cache's lists are full: max 0) goes to the slow
+ * path before anything is written. */
 static inline __attribute__((always_inline)) void small_free(void *p, unsigned cls, int sized, size_t requested,
                                                              const char *call) {
     if (KP_DEBUG && DEBUG_MARK(p, 0, call) != 0) return;
     kp_tcache *tc = _kp_tls_tcache;
-    if (KP_UNLIKELY(tc == NULL)) {
-        small_free_uncached(p, cls, sized, requested, call);
+    kp_tlist *l = &tc->lists[cls];
+    if (KP_UNLIKELY(KP_LOAD(l->count) >= l->max)) {
+        small_free_slow(p, cls, sized, requested, call);
         return;
     }
-    small_push(tc, p, cls, sized, requested, call);
+    small_push(tc, l, p, cls, sized, requested, call);
 }
 
 /* ---- large blocks ----------------------------------------------------------------- */
@@ -288,7 +290,7 @@ void *kp_realloc(void *p, size_t size) {
         /* Keep the block unless it would waste more than half of it. The old
          * request is not known: it counts as a free of untold size. */
         if (size <= usable && (size > usable / 2 || cls == 1)) {
-            kp_tcache *tc = _kp_tls_tcache;
+            kp_tcache *tc = _kp_tcache_mine();
             if (tc) {
                 KP_STAT_BUMP(tc->lists[cls].requested, size);
                 KP_STAT_BUMP(tc->moves[cls].unsized_frees, 1);
@@ -345,7 +347,7 @@ void *kp_aligned_alloc(size_t alignment, size_t size) {
 }
 
 void kp_thread_flush(void) {
-    kp_tcache *tc = _kp_tls_tcache;
+    kp_tcache *tc = _kp_tcache_mine();
     if (tc) _kp_tcache_flush_thread(tc);
 }
 

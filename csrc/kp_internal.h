@@ -37,13 +37,20 @@
         if (sizeof(x) == 8) __asm__ volatile("addq %1, %0" : "+m"(x) : "er"((uint64_t)(d)));       \
         else __asm__ volatile("addl %1, %0" : "+m"(x) : "er"((uint32_t)(d)));                     \
     } while (0)
+#define KP_DROP(x, d) do {                                                              \
+        if (sizeof(x) == 8) __asm__ volatile("subq %1, %0" : "+m"(x) : "er"((uint64_t)(d)));       \
+        else __asm__ volatile("subl %1, %0" : "+m"(x) : "er"((uint32_t)(d)));                     \
+    } while (0)
 #else
 #define KP_BUMP(x, d) KP_STORE(x, KP_LOAD(x) + (d))
+#define KP_DROP(x, d) KP_STORE(x, KP_LOAD(x) - (d))
 #endif
 #if KP_STATS
 #define KP_STAT_BUMP(x, d) KP_BUMP(x, d)
+#define KP_STAT_DROP(x, d) KP_DROP(x, d)
 #else
 #define KP_STAT_BUMP(x, d) ((void)0)
+#define KP_STAT_DROP(x, d) ((void)0)
 #endif
 
 #if KP_DEBUG
@@ -168,7 +175,16 @@ KP_INTERNAL void _kp_central_drain(unsigned cls);
 KP_INTERNAL int _kp_central_is_valid(unsigned cls);
 
 /* ---- tcache.c ---------------------------------------------------------------- */
+/* Every thread's cache pointer starts at (and returns to, at exit) the empty
+ * cache: its lists are empty with max 0 and it caches no pool, so the fast
+ * paths fall through to the slow ones without testing for NULL. Never written. */
+KP_INTERNAL extern kp_tcache _kp_empty_tcache;
 KP_INTERNAL extern __thread kp_tcache *_kp_tls_tcache __attribute__((tls_model("initial-exec")));
+/* This thread's cache if it has one (NULL before first use and at exit). */
+static inline kp_tcache *_kp_tcache_mine(void) {
+    kp_tcache *tc = _kp_tls_tcache;
+    return tc == &_kp_empty_tcache ? NULL : tc;
+}
 /* This thread's cache, created on first use; NULL while the thread exits. */
 KP_INTERNAL kp_tcache *_kp_tcache_get(void);
 KP_INTERNAL void *_kp_tcache_refill(kp_tcache *tc, unsigned cls);   /* one object or NULL */

@@ -483,16 +483,13 @@ void *kp_pool_alloc(kp_pool *pool) {
         return NULL;
     }
     if (pool->slot < 0) return locked_alloc(pool);
-    kp_tcache *tc = _kp_tls_tcache;
-    if (KP_LIKELY(tc != NULL)) {
-        kp_pool_cache *pc = &tc->pools[pool->slot];
-        void *p = pc->head;
-        if (KP_LIKELY(p != NULL && KP_LOAD(pc->pool_id) == pool->id)) {
-            pc->head = *(void **)p;
-            KP_BUMP(pc->count, -1);
-            KP_BUMP(pc->allocs, 1);
-            return p;
-        }
+    kp_pool_cache *pc = &_kp_tls_tcache->pools[pool->slot];   /* the empty cache's slots are unused */
+    void *p = pc->head;
+    if (KP_LIKELY(p != NULL && KP_LOAD(pc->pool_id) == pool->id)) {
+        pc->head = *(void **)p;
+        KP_BUMP(pc->count, -1);
+        KP_BUMP(pc->allocs, 1);
+        return p;
     }
     return cached_alloc_slow(pool);
 }
@@ -538,9 +535,8 @@ void kp_pool_free(kp_pool *pool, void *p) {
         /* A slot tag on p's page says: a chunk of the cached pool in that
          * slot (NULL and foreign pointers have other bytes). */
         unsigned tag = _kp_pagemap_class(p);
-        kp_tcache *tc = _kp_tls_tcache;
-        if (KP_LIKELY(tag == pool->fast_tag && tc != NULL && block_offset_ok(pool, (uintptr_t)p & pool->chunk_mask))) {
-            kp_pool_cache *pc = &tc->pools[tag - KP_CLASS_POOL_SLOT0];
+        if (KP_LIKELY(tag == pool->fast_tag && block_offset_ok(pool, (uintptr_t)p & pool->chunk_mask))) {
+            kp_pool_cache *pc = &_kp_tls_tcache->pools[tag - KP_CLASS_POOL_SLOT0];
             if (KP_LIKELY(KP_LOAD(pc->pool_id) == pool->id && pc->head != p)) {
                 cached_push(pool, pc, p);
                 return;
@@ -654,7 +650,7 @@ int kp_pool_owns(kp_pool *pool, const void *p) {
  * in other threads' caches keep their chunks. */
 size_t kp_pool_trim(kp_pool *pool) {
     if (!pool) return 0;
-    kp_tcache *tc = _kp_tls_tcache;
+    kp_tcache *tc = _kp_tcache_mine();
     if (pool->slot >= 0 && tc) {
         kp_pool_cache *pc = cache_of(tc, pool);
         while (KP_LOAD(pc->count) > 0) {

@@ -17,11 +17,13 @@
  *   creation and exit update it). The owner never takes it on the fast path.
  *   Order: registry lock before central locks (kp_internal.h).
  * TLS: one initial-exec pointer (8 bytes, so the library can still be
- *   dlopen'ed); the cache itself lives in kpool's metadata.
+ *   dlopen'ed); the cache itself lives in kpool's metadata. A thread
+ *   without a cache points at _kp_empty_tcache, which nothing writes.
  */
 #include "kp_internal.h"
 
-__thread kp_tcache *_kp_tls_tcache __attribute__((tls_model("initial-exec")));
+kp_tcache _kp_empty_tcache;
+__thread kp_tcache *_kp_tls_tcache __attribute__((tls_model("initial-exec"))) = &_kp_empty_tcache;
 static __thread int tls_exited __attribute__((tls_model("initial-exec")));
 
 static kp_lock registry_lock = { .mutex = PTHREAD_MUTEX_INITIALIZER };
@@ -48,7 +50,7 @@ static void thread_exit(void *arg);
 static void make_key(void) { pthread_key_create(&exit_key, thread_exit); }
 
 kp_tcache *_kp_tcache_get(void) {
-    kp_tcache *tc = _kp_tls_tcache;
+    kp_tcache *tc = _kp_tcache_mine();
     if (KP_LIKELY(tc != NULL)) return tc;
     if (tls_exited) return NULL;
     _kp_init();
@@ -219,7 +221,7 @@ static void thread_exit(void *arg) {
     kp_tcache *tc = arg;
     if (!tc || tc != _kp_tls_tcache) return;
     tls_exited = 1;          /* later calls in this thread bypass the cache */
-    _kp_tls_tcache = NULL;
+    _kp_tls_tcache = &_kp_empty_tcache;
     destroy_cache(tc);
 }
 
@@ -235,7 +237,7 @@ static void recount(kp_tcache *tc) {
 }
 
 void _kp_tcache_after_fork_child(void) {
-    kp_tcache *mine = _kp_tls_tcache;
+    kp_tcache *mine = _kp_tcache_mine();
     kp_tcache *tc = registry.reg_next;
     while (tc != &registry) {
         kp_tcache *next = tc->reg_next;

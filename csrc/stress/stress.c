@@ -62,12 +62,14 @@ enum { AL_KPOOL, AL_KPOOL_POOL, AL_SYSTEM, AL_NULL };
 #define KPS_LARSON_WINDOW 1000
 #define KPS_RING 4096                /* slots per SPSC ring, a power of two */
 #define KPS_SOLO_BATCH 64            /* prodcons with one thread: blocks per turn */
+#define KPS_PUBLISH 32               /* ring items per index store (a power of two) */
 #define KPS_NULL_BUF 8192            /* the null allocator's per-thread buffer, at least */
 #define KPS_MAGIC 0x9e3779b97f4a7c15ull
 #define KPS_TAILK 0xff51afd7ed558ccdull
 #define KPS_FREED 0xfeedfacecafebeefull
 
 _Static_assert((KPS_RING & (KPS_RING - 1)) == 0, "KPS_RING must be a power of two");
+_Static_assert((KPS_PUBLISH & (KPS_PUBLISH - 1)) == 0 && KPS_PUBLISH < KPS_RING, "KPS_PUBLISH");
 _Static_assert(((KPS_SAMPLE_MASK + 1) & KPS_SAMPLE_MASK) == 0, "sample mask");
 _Static_assert(KPS_NULL_BUF >= 4096, "null buffer must hold the largest fixed size");
 
@@ -87,7 +89,11 @@ typedef struct ring_item {
     size_t n;
 } ring_item;
 
-/* SPSC ring: tail - head == items published and not yet taken, <= KPS_RING. */
+/* SPSC ring: tail - head == items published and not yet taken, <= KPS_RING.
+ * Each end keeps its own position and stores it only every KPS_PUBLISH items
+ * (and before it waits), so the two ends trade the index cache lines once per
+ * batch, not per item: the ring costs the driver little, and what a
+ * cross-thread workload measures is the allocator's remote frees. */
 typedef struct ring {
     _Alignas(KPS_CACHELINE) atomic_size_t head;   /* written by the consumer */
     _Alignas(KPS_CACHELINE) atomic_size_t tail;   /* written by the producer */
@@ -127,7 +133,8 @@ struct kps_thread {
     int role;                  /* prodcons: 0 producer, 1 consumer, 2 both */
     uint64_t remote, local;    /* larson: frees handed on / done locally */
     size_t live[4];            /* frag: live bytes after each phase */
-    size_t cached_head, cached_tail;
+    size_t prod_tail, cached_head;  /* producer end (out, or the solo ring): position, last head seen */
+    size_t cons_head, cached_tail;  /* consumer end (in, or the solo ring): position, last tail seen */
 };
 
 struct kps_run {
@@ -532,33 +539,47 @@ KPS_INLINE void run_window(kps_thread *t, size_t (*pick)(uint64_t), const int ve
 /* ------------------------------------------------------------------------
  * SPSC rings
  * ---------------------------------------------------------------------- */
-/* Producer side: 1 if pushed, 0 if full. */
+/* Producer side: publish every item pushed so far. */
+KPS_INLINE void ring_flush(kps_thread *t, ring *q) {
+    atomic_store_explicit(&q->tail, t->prod_tail, memory_order_release);
+}
+
+/* Producer side: 1 if pushed, 0 if full (then everything pushed is
+ * published, so the consumer can make room). */
 KPS_INLINE int ring_push(kps_thread *t, ring *q, void *p, size_t n) {
-    size_t tail = atomic_load_explicit(&q->tail, memory_order_relaxed);
+    size_t tail = t->prod_tail;
     if (tail - t->cached_head >= KPS_RING) {
         t->cached_head = atomic_load_explicit(&q->head, memory_order_acquire);
-        if (tail - t->cached_head >= KPS_RING) return 0;
+        if (tail - t->cached_head >= KPS_RING) {
+            ring_flush(t, q);
+            return 0;
+        }
     }
     q->items[tail & (KPS_RING - 1)].p = p;
     q->items[tail & (KPS_RING - 1)].n = n;
-    atomic_store_explicit(&q->tail, tail + 1, memory_order_release);
+    t->prod_tail = ++tail;
+    if ((tail & (KPS_PUBLISH - 1)) == 0) ring_flush(t, q);
     return 1;
 }
 
-/* Consumer side: 1 and *it filled if an item was taken, 0 if empty. */
+/* Consumer side: 1 and *it filled if an item was taken, 0 if none is
+ * published (then every slot taken is given back to the producer). */
 KPS_INLINE int ring_pop(kps_thread *t, ring *q, ring_item *it) {
-    size_t head = atomic_load_explicit(&q->head, memory_order_relaxed);
+    size_t head = t->cons_head;
     if (head == t->cached_tail) {
+        if (atomic_load_explicit(&q->head, memory_order_relaxed) != head)
+            atomic_store_explicit(&q->head, head, memory_order_release);
         t->cached_tail = atomic_load_explicit(&q->tail, memory_order_acquire);
         if (head == t->cached_tail) return 0;
     }
     *it = q->items[head & (KPS_RING - 1)];
-    atomic_store_explicit(&q->head, head + 1, memory_order_release);
+    t->cons_head = ++head;
+    if ((head & (KPS_PUBLISH - 1)) == 0) atomic_store_explicit(&q->head, head, memory_order_release);
     return 1;
 }
 
-/* cached_head serves the thread's producer end, cached_tail its consumer
- * end, so one thread may be both ends of a ring (one thread, a self ring).
+/* A thread's producer and consumer ends have separate fields, so one thread
+ * may be both ends of a ring (one thread, a self ring).
  *
  * ------------------------------------------------------------------------
  * larson: each thread replaces random slots of its window; the block taken
@@ -614,6 +635,7 @@ KPS_INLINE void run_larson(kps_thread *t, const int verify) {
     }
     t->t_end = now_ns();
     t->done = i;
+    ring_flush(t, t->out);
     /* Keep freeing what arrives until every thread has left its loop; after
      * that nothing more is pushed and one last drain empties the ring. */
     atomic_fetch_add_explicit(&r->loop_done, 1, memory_order_acq_rel);
@@ -664,6 +686,7 @@ KPS_INLINE void run_prodcons(kps_thread *t, const int verify) {
             if (!p) break;
             k = 0;
         }
+        ring_flush(t, q);
         atomic_store_explicit(&q->closed, 1, memory_order_release);
         t->done = i;
     } else if (t->role == 1) {                                /* consumer */
@@ -706,6 +729,7 @@ KPS_INLINE void run_prodcons(kps_thread *t, const int verify) {
                 if (!p) break;
                 ring_push(t, q, p, n);                        /* never full: batch < ring */
             }
+            ring_flush(t, q);
             while (ring_pop(t, q, &it)) put_block(t, vt, it.p, it.n, verify);
             if (i < end) break;
         }
