@@ -61,6 +61,7 @@ WORKLOADS = tuple(_WORKLOAD_INFO)
 MAIN_WORKLOADS = ("pairs", "mixed", "random", "larson", "prodcons")
 MEMORY_WORKLOADS = ("burst", "frag")
 ALLOCATORS = ("system", "jemalloc", "tcmalloc", "mimalloc", "kpool", "kpool-pool", "null")
+PEERS = ("system", "jemalloc", "tcmalloc", "mimalloc")
 ONE_SIZE_WORKLOADS = ("pairs",)          # the only ones kpool-pool can run
 
 # Peers: Debian library file and the package that ships it.
@@ -506,6 +507,123 @@ class Result:
                 lines.append(f"Not measured: {a}: {why}")
         return "\n".join(lines) + "\n"
 
+    # -- targets (issue 7) ---------------------------------------------------
+    def _rounds_of(self, w, t, a):
+        return {r.get("round", 0): r for r in self.records
+                if r.get("workload") == w and r.get("threads") == t and r.get("allocator") == a and _ok(r)}
+
+    def _best_peer(self, w, t, key, pick):
+        """The peer whose median of key is best (pick=max or min) at (w, t)."""
+        meds = {}
+        for peer in PEERS:
+            v = _median([_num(r.get(key)) for r in self._rounds_of(w, t, peer).values()])
+            if not math.isnan(v):
+                meds[peer] = v
+        return pick(meds, key=meds.get) if meds else None
+
+    def _paired(self, w, t, a, b, f):
+        """f(record of a, record of b) for every round both measured."""
+        ra, rb = self._rounds_of(w, t, a), self._rounds_of(w, t, b)
+        return [f(ra[k], rb[k]) for k in sorted(set(ra) & set(rb))]
+
+    def targets(self):
+        """The issue-7 targets, each with kpool's ratio to the best peer per
+        round (median and range over rounds, peers measured in the same
+        round) and whether the median meets it. Throughput rows also give
+        net: the same ratio with the null driver's ns/op of that round
+        subtracted from both, i.e. allocator time only."""
+        out = []
+
+        def add(target, measured, vals, need, higher=True, net=None):
+            med, (lo, hi) = _median(vals), _range(vals)
+            met = None if math.isnan(med) else (med >= need if higher else med <= need)
+            out.append({"target": target, "measured": measured, "ratio_median": med, "ratio_min": lo,
+                        "ratio_max": hi, "net_median": _median(net or []), "met": met})
+
+        def speed(w, t, a, need, label):
+            peer = self._best_peer(w, t, "ops_per_sec", max)
+            if not peer or not self._rounds_of(w, t, a):
+                return
+            vals = self._paired(w, t, a, peer, lambda x, y: _num(x["ops_per_sec"]) / _num(y["ops_per_sec"]))
+            nulls = self._rounds_of(w, t, "null")
+            ra, rp = self._rounds_of(w, t, a), self._rounds_of(w, t, peer)
+            net = []
+            for k in sorted(set(ra) & set(rp) & set(nulls)):
+                z = _num(nulls[k].get("ns_per_op"))
+                mine, theirs = _num(ra[k].get("ns_per_op")) - z, _num(rp[k].get("ns_per_op")) - z
+                if mine > 0 and theirs > 0:
+                    net.append(theirs / mine)
+            km = _median([_num(r["ops_per_sec"]) for r in ra.values()]) / 1e6
+            pm = _median([_num(r["ops_per_sec"]) for r in rp.values()]) / 1e6
+            add(label, f"{a} {km:.1f} vs {peer} {pm:.1f} Mops/s", vals, need, net=net)
+
+        speed("pairs", 1, "kpool", 2.5, "pairs 32 B, 1 thread: kpool >= 2.5x best peer")
+        speed("pairs", 1, "kpool-pool", 3.0, "pairs 32 B, 1 thread: kpool-pool >= 3x best peer")
+        for w, ts in (("mixed", (1, 2)), ("random", (1, 2)), ("larson", (1, 2)), ("prodcons", (2,))):
+            for t in ts:
+                speed(w, t, "kpool", 1.25, f"{w}, {t} thread{'s' if t > 1 else ''}: >= 1.25x best peer")
+        cores = self._cores()
+        threads = sorted({r.get("threads") for r in self.records if r.get("threads")})
+        for t in [t for t in threads if t > cores]:
+            for w in MAIN_WORKLOADS:
+                speed(w, t, "kpool", 1.0, f"{w}, {t} threads (oversubscribed): >= 1.0x best peer")
+                two = _median([_num(r["ops_per_sec"]) for r in self._rounds_of(w, 2, "kpool").values()])
+                many = self._rounds_of(w, t, "kpool")
+                if many and not math.isnan(two):
+                    vals = [_num(r["ops_per_sec"]) / two for r in many.values()]
+                    add(f"{w}, {t} threads: no collapse (>= 0.8x kpool's own 2-thread median)",
+                        f"{_median(vals) * two / 1e6:.1f} vs {two / 1e6:.1f} Mops/s", vals, 0.8)
+        kb = self._rounds_of("burst", 1, "kpool")
+        if kb:
+            vals = [_num(r.get("rss_after_1s")) / _num(r.get("rss_full")) for r in kb.values()]
+            add("burst 1 GiB: RSS 1 s after free-all <= 5% of peak (ratio: fraction of peak)",
+                f"{_median([_num(r.get('rss_after_1s')) for r in kb.values()]) / 1e6:.1f} of "
+                f"{_median([_num(r.get('rss_full')) for r in kb.values()]) / 1e6:.1f} MB", vals, 0.05, higher=False)
+            vals = self._paired("burst", 1, "kpool", "system",
+                                lambda x, y: _num(x.get("alloc_seconds")) / _num(y.get("alloc_seconds")))
+            if vals:
+                add("burst 1 GiB: alloc time <= glibc's (ratio: kpool / glibc time)",
+                    f"{_median([_num(r.get('alloc_seconds')) for r in kb.values()]):.3f} s vs glibc "
+                    f"{_median([_num(r.get('alloc_seconds')) for r in self._rounds_of('burst', 1, 'system').values()]):.3f} s",
+                    vals, 1.0, higher=False)
+        for w in ("mixed", "random"):
+            for t in (1, 2):
+                peer = self._best_peer(w, t, "peak_rss", min)
+                if not peer or not self._rounds_of(w, t, "kpool"):
+                    continue
+                vals = self._paired(w, t, "kpool", peer, lambda x, y: _num(x["peak_rss"]) / _num(y["peak_rss"]))
+                km = _median([_num(r["peak_rss"]) for r in self._rounds_of(w, t, "kpool").values()]) / 1e6
+                pm = _median([_num(r["peak_rss"]) for r in self._rounds_of(w, t, peer).values()]) / 1e6
+                add(f"peak RSS, {w} {t} thread{'s' if t > 1 else ''}: <= 1.1x lowest peer (ratio: kpool / peer)",
+                    f"{km:.1f} vs {peer} {pm:.1f} MB", vals, 1.1, higher=False)
+        for t in (1, 2):
+            for key, name in (("p999_ns", "p99.9"), ("max_ns", "max")):
+                peer = self._best_peer("mixed", t, key, min)
+                if not peer or not self._rounds_of("mixed", t, "kpool"):
+                    continue
+                vals = self._paired("mixed", t, "kpool", peer, lambda x, y: _num(x[key]) / _num(y[key]))
+                km = _median([_num(r[key]) for r in self._rounds_of("mixed", t, "kpool").values()])
+                pm = _median([_num(r[key]) for r in self._rounds_of("mixed", t, peer).values()])
+                add(f"latency, mixed {t} thread{'s' if t > 1 else ''}: {name} <= best peer's (ratio: kpool / peer)",
+                    f"{km:.0f} vs {peer} {pm:.0f} ns", vals, 1.0, higher=False)
+        return out
+
+    def targets_table(self):
+        """Markdown: every target with kpool's ratio to the best peer, its range
+        over rounds and whether the median meets it."""
+        rows = self.targets()
+        if not rows:
+            return ""
+        lines = ["Targets (issue 7): ratio = kpool / best peer within each round, median [range over rounds]; "
+                 "net = the throughput ratio with the null driver's ns/op subtracted from both (allocator time "
+                 "only, median).", "",
+                 "| target | measured (medians) | ratio | range | net | met |", "|---|---|---:|---|---:|---|"]
+        for r in rows:
+            met = "-" if r["met"] is None else ("yes" if r["met"] else "no")
+            lines.append(f"| {r['target']} | {r['measured']} | {_fmt(r['ratio_median'], 2)} | "
+                         f"{_fmt(r['ratio_min'], 2)}-{_fmt(r['ratio_max'], 2)} | {_fmt(r['net_median'], 2)} | {met} |")
+        return "\n".join(lines) + "\n"
+
     # -- conversions --------------------------------------------------------
     def to_numpy(self):
         """A numpy structured array, one row per workload x allocator x threads x round."""
@@ -914,6 +1032,9 @@ def main(argv=None):
         print(f"command: {res.meta['command']}")
     print()
     print(res.table())
+    targets = res.targets_table()
+    if targets:
+        print(targets)
     if a.save:
         res.save(a.save)
         print(f"saved: {a.save}")

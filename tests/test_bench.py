@@ -165,6 +165,37 @@ def test_summary_and_table(tiny):
     assert "null allocator" in text
 
 
+def _rec(w, t, a, rnd, **kw):
+    r = {"workload": w, "threads": t, "allocator": a, "round": rnd, "error": None, "corrupt": 0}
+    r.update(kw)
+    return r
+
+
+def test_targets_pair_rounds_with_the_best_peer():
+    recs = []
+    for rnd, (k, tc, mi, z) in enumerate([(30e6, 20e6, 10e6, 100e6), (40e6, 25e6, 12e6, 100e6),
+                                          (10e6, 20e6, 30e6, 100e6)]):
+        for a, v in (("kpool", k), ("tcmalloc", tc), ("mimalloc", mi), ("null", z), ("system", 5e6)):
+            recs.append(_rec("mixed", 1, a, rnd, ops_per_sec=v, ns_per_op=1e9 / v,
+                             peak_rss={"kpool": 3e6, "system": 2e6}.get(a, 4e6),
+                             p999_ns={"kpool": 100, "mimalloc": 90}.get(a, 500), max_ns=1000))
+    res = bench.Result(recs, {"machine": {"cores": 2}})
+    rows = {r["target"]: r for r in res.targets()}
+    speed = rows["mixed, 1 thread: >= 1.25x best peer"]
+    # best peer by median is tcmalloc (20M); kpool / tcmalloc per round: 1.5, 1.6, 0.5
+    assert speed["ratio_median"] == pytest.approx(1.5)
+    assert (speed["ratio_min"], speed["ratio_max"]) == (pytest.approx(0.5), pytest.approx(1.6))
+    assert speed["met"] is True
+    # net of the null driver (10 ns/op): round 0 tcmalloc 40 ns, kpool 23.3 ns
+    assert speed["net_median"] == pytest.approx((50 - 10) / (33.333333 - 10), rel=1e-3)
+    mem = rows["peak RSS, mixed 1 thread: <= 1.1x lowest peer (ratio: kpool / peer)"]
+    assert mem["ratio_median"] == pytest.approx(1.5) and mem["met"] is False and "system" in mem["measured"]
+    lat = rows["latency, mixed 1 thread: p99.9 <= best peer's (ratio: kpool / peer)"]
+    assert lat["ratio_median"] == pytest.approx(100 / 90) and lat["met"] is False
+    text = res.targets_table()
+    assert "| mixed, 1 thread: >= 1.25x best peer | kpool " in text and "| yes |" in text and "| no |" in text
+
+
 def test_oversubscribed_label():
     n = (os.cpu_count() or 1) + 1
     res = bench.run(workloads=["pairs"], allocators=["system", "kpool"], threads=[n], ops=2000, repeat=1)
