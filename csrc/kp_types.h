@@ -117,6 +117,7 @@ typedef struct kp_span {
     struct kp_span *next, *prev;  /* size list (FREE) or central partial list (SMALL) */
     struct kp_span *age_next, *age_prev; /* FREE && !released: oldest first */
     void *freelist;               /* SMALL: objects given back */
+    void *freelist_tail;          /* SMALL: its last object (NULL when empty), for O(1) splices */
     void *owner;                  /* POOL: the kp_pool; ARENA: the kp_arena */
     size_t requested;             /* LARGE: bytes requested */
     uint64_t free_since_ms;       /* FREE: when it became free */
@@ -143,8 +144,12 @@ typedef struct kp_class_info {
 } kp_class_info;
 
 /* ---- central free lists -------------------------------------------------- */
+#ifndef KP_TRANSFER_SLOTS
 #define KP_TRANSFER_SLOTS 16                   /* whole batches a central list keeps */
+#endif
+#ifndef KP_TRANSFER_BYTES
 #define KP_TRANSFER_BYTES ((size_t)64 << 10)   /* at most this much per class */
+#endif
 
 typedef struct kp_central {
     kp_lock lock;

@@ -336,7 +336,7 @@ void _kp_pageheap_free_locked(kp_span *s) {
     ph.state_bytes[s->state] -= s->npages * KP_PAGE_SIZE;
     s->state = KP_SPAN_FREE;
     s->released = 0;
-    s->freelist = NULL;
+    s->freelist = s->freelist_tail = NULL;
     s->owner = NULL;
     s->free_since_ms = _kp_now_coarse_ms();
     insert_coalesced(s);
