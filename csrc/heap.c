@@ -120,7 +120,7 @@ static inline __attribute__((always_inline)) void small_push(kp_tcache *tc, kp_t
     *(void **)p = head;
     l->head = p;
     KP_BUMP(l->count, 1);
-    (void)requested;
+    (void)tc, (void)cls, (void)requested;   /* unused without KP_STATS */
     if (sized) KP_STAT_DROP(l->requested, requested);
     else KP_STAT_BUMP(tc->moves[cls].unsized_frees, 1);
 }
