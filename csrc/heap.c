@@ -144,6 +144,10 @@ static __attribute__((noinline)) void small_free_slow(void *p, unsigned cls, int
  * path before anything is written. */
 static inline __attribute__((always_inline)) void small_free(void *p, unsigned cls, int sized, size_t requested,
                                                              const char *call) {
+    if (KP_DEBUG && sized && requested > _kp_classes[cls].size) {
+        _kp_error(call, p, "size is larger than the block");
+        return;
+    }
     if (KP_DEBUG && DEBUG_MARK(p, 0, call) != 0) return;
     kp_tcache *tc = _kp_tls_tcache;
     kp_tlist *l = &tc->lists[cls];
@@ -224,29 +228,33 @@ void *kp_calloc(size_t count, size_t size) {
 
 static inline int small_class_ok(unsigned cls) { return cls - 1u < KP_NUM_CLASSES - 1u; }
 
-void kp_free(void *p) {
+/* A free whose page is not a small class in the flat map: outside it (no
+ * map reserved, or an address above it), large, pool, arena, foreign, NULL. */
+static __attribute__((noinline)) void free_not_flat(void *p, int sized, size_t size, const char *call) {
     unsigned cls = _kp_pagemap_class(p);
+    if (small_class_ok(cls)) small_free(p, cls, sized, size, call);
+    else if (p) free_other(p, call);
+}
+
+void kp_free(void *p) {
+    unsigned cls = _kp_pagemap_class_flat(p);
     if (KP_LIKELY(small_class_ok(cls))) {
         small_free(p, cls, 0, 0, "kp_free");
         return;
     }
-    if (p) free_other(p, "kp_free");
+    free_not_flat(p, 0, 0, "kp_free");
 }
 
 void kp_free_sized(void *p, size_t size) {
     /* The class byte is read anyway: it costs one load and makes a wrong
      * size (or a block from kp_aligned_alloc) harmless to the heap; only the
      * requested-bytes figure would be off, and a KP_DEBUG build reports it. */
-    unsigned cls = _kp_pagemap_class(p);
+    unsigned cls = _kp_pagemap_class_flat(p);
     if (KP_LIKELY(small_class_ok(cls))) {
-        if (KP_DEBUG && size > _kp_classes[cls].size) {
-            _kp_error("kp_free_sized", p, "size is larger than the block");
-            return;
-        }
         small_free(p, cls, 1, size, "kp_free_sized");
         return;
     }
-    if (p) free_other(p, "kp_free_sized");
+    free_not_flat(p, 1, size, "kp_free_sized");
 }
 
 size_t kp_usable_size(const void *p) {

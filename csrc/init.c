@@ -55,6 +55,7 @@ static void fork_child(void) {
 KP_INTERNAL void _kp_pool_thread_flush(kp_tcache *tc);
 
 static void init_once_body(void) {
+    _kp_pagemap_init();
     _kp_sizeclass_init();
     _kp_central_init();
     _kp_pageheap_init();

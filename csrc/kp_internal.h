@@ -107,6 +107,10 @@ KP_INTERNAL void _kp_os_unmap(void *p, size_t size);
 /* Give pages back; they read as zero afterwards. 0 on success. */
 KP_INTERNAL int _kp_os_release(void *p, size_t size);
 KP_INTERNAL void _kp_os_hint_huge(void *p, size_t size);
+/* Reserve size bytes of zero pages that are charged only when written
+ * (MAP_NORESERVE, no huge pages); NULL when the address space is not there.
+ * Not subject to the test hook. */
+KP_INTERNAL void *_kp_os_reserve(size_t size);
 /* Fixed-size metadata structs, zeroed; never unmapped. NULL + ENOMEM. */
 KP_INTERNAL void *_kp_meta_alloc(size_t size);
 KP_INTERNAL void _kp_meta_free(void *p, size_t size);
@@ -118,8 +122,12 @@ KP_INTERNAL void _kp_os_fail_next(int n);
 /* ---- pagemap.c ------------------------------------------------------------ */
 /* Lock-free: the span covering page pn, or NULL. */
 static inline kp_span *_kp_pagemap_get(uintptr_t pn);
-/* Lock-free: the size class of the small span covering address p, 0 if none. */
+/* Lock-free: the class byte of address p's page (a small class 1..128, a
+ * pool tag, or 0 if none). */
 static inline unsigned _kp_pagemap_class(const void *p);
+static inline unsigned _kp_pagemap_class_flat(const void *p);
+/* Reserve the flat class map (init, before any span exists). */
+KP_INTERNAL void _kp_pagemap_init(void);
 /* REQUIRES page heap lock. 0 on success, -1 when a leaf cannot be mapped. */
 KP_INTERNAL int _kp_pagemap_ensure(uintptr_t pn, size_t npages);
 KP_INTERNAL void _kp_pagemap_set(uintptr_t pn, kp_span *s);
@@ -233,12 +241,32 @@ static inline kp_span *_kp_pagemap_get(uintptr_t pn) {
     return atomic_load_explicit(&leaf->spans[pn & (KP_LEAF_PAGES - 1)], memory_order_acquire);
 }
 
+/* The flat class map: one byte per page of the low 2^KP_CLASSMAP_BITS
+ * pages, a copy of the leaves' class bytes, so kp_free finds a class with
+ * one compare and one load instead of a radix walk. pages is 0 until the
+ * map is reserved (and stays 0 if it cannot be), and every lookup then
+ * takes the radix tree. */
+typedef struct kp_classmap {
+    _Atomic size_t pages;
+    _Atomic uint8_t *bytes;
+} kp_classmap;
+KP_INTERNAL extern kp_classmap _kp_classmap;
+KP_INTERNAL unsigned _kp_pagemap_class_radix(const void *p);
+
+/* The fast paths' lookup: the flat map's byte, or 0 when p is outside it
+ * (then the caller's slow path asks _kp_pagemap_class). */
+static inline unsigned _kp_pagemap_class_flat(const void *p) {
+    uintptr_t pn = (uintptr_t)p >> KP_PAGE_SHIFT;
+    if (KP_LIKELY(pn < atomic_load_explicit(&_kp_classmap.pages, memory_order_acquire)))
+        return atomic_load_explicit(&_kp_classmap.bytes[pn], memory_order_relaxed);
+    return 0;
+}
+
 static inline unsigned _kp_pagemap_class(const void *p) {
     uintptr_t pn = (uintptr_t)p >> KP_PAGE_SHIFT;
-    if (KP_UNLIKELY(pn >> KP_PAGEMAP_BITS)) return 0;
-    kp_pagemap_leaf *leaf = atomic_load_explicit(&_kp_pagemap_root[pn >> KP_LEAF_BITS], memory_order_acquire);
-    if (KP_UNLIKELY(leaf == NULL)) return 0;
-    return atomic_load_explicit(&leaf->classes[pn & (KP_LEAF_PAGES - 1)], memory_order_relaxed);
+    if (KP_LIKELY(pn < atomic_load_explicit(&_kp_classmap.pages, memory_order_acquire)))
+        return atomic_load_explicit(&_kp_classmap.bytes[pn], memory_order_relaxed);
+    return _kp_pagemap_class_radix(p);
 }
 
 #endif /* KP_INTERNAL_H */

@@ -61,6 +61,7 @@ _Static_assert(KP_SMALL_MAX % KP_COARSE_STEP == 0, "coarse lookup covers the sma
 #define KP_LEAF_BITS 18
 #define KP_ROOT_BITS (KP_PAGEMAP_BITS - KP_LEAF_BITS)
 #define KP_LEAF_PAGES ((size_t)1 << KP_LEAF_BITS)
+#define KP_CLASSMAP_BITS (47 - KP_PAGE_SHIFT)  /* flat class map: x86-64's user half (16 GiB reserved) */
 
 /* ---- page heap ----------------------------------------------------------- */
 #define KP_EXACT_LISTS 128                     /* free lists for spans of 1..128 pages */

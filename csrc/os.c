@@ -64,6 +64,15 @@ void *_kp_os_map(size_t size, size_t align) {
     return (void *)aligned;
 }
 
+void *_kp_os_reserve(size_t size) {
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+#ifdef MADV_NOHUGEPAGE
+    (void)madvise(p, size, MADV_NOHUGEPAGE);   /* one written byte must not make 2 MiB resident */
+#endif
+    return p;
+}
+
 void _kp_os_unmap(void *p, size_t size) {
     if (p) munmap(p, _kp_align_up(size, _kp_os_page_size()));
 }

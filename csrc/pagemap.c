@@ -5,7 +5,11 @@
  * the span pointer of every page and, beside it, one byte per page: the
  * size class of an in-use small span (1..128), KP_CLASS_POOL_SLOT0 + slot
  * for a cached pool's chunk, KP_CLASS_POOL for any other pool chunk, 0
- * otherwise. kp_free reads only that byte on its fast path.
+ * otherwise. kp_free reads only that byte on its fast path, from a flat
+ * copy of the class bytes (one byte per page of the 47-bit user address
+ * space, 16 GiB of address space reserved with MAP_NORESERVE: only the pages
+ * holding bytes of kpool's spans are ever written). Without that reservation
+ * the radix tree answers.
  * Calls: os (to map leaves).
  * Invariants: every page of an in-use span maps to it; a free span maps its
  *   first and last page (for coalescing); other entries may be stale, so a
@@ -17,6 +21,23 @@
 #include "kp_internal.h"
 
 _Atomic(kp_pagemap_leaf *) _kp_pagemap_root[(size_t)1 << KP_ROOT_BITS];
+kp_classmap _kp_classmap;
+
+void _kp_pagemap_init(void) {
+    size_t pages = (size_t)1 << KP_CLASSMAP_BITS;
+    void *bytes = _kp_os_reserve(pages);
+    if (!bytes) return;              /* no address space for it: the radix tree answers */
+    atomic_store_explicit(&_kp_classmap.bytes, bytes, memory_order_relaxed);
+    atomic_store_explicit(&_kp_classmap.pages, pages, memory_order_release);
+}
+
+unsigned _kp_pagemap_class_radix(const void *p) {
+    uintptr_t pn = (uintptr_t)p >> KP_PAGE_SHIFT;
+    if (pn >> KP_PAGEMAP_BITS) return 0;
+    kp_pagemap_leaf *leaf = atomic_load_explicit(&_kp_pagemap_root[pn >> KP_LEAF_BITS], memory_order_acquire);
+    if (leaf == NULL) return 0;
+    return atomic_load_explicit(&leaf->classes[pn & (KP_LEAF_PAGES - 1)], memory_order_relaxed);
+}
 
 int _kp_pagemap_ensure(uintptr_t pn, size_t npages) {
     if (((pn + npages) >> KP_PAGEMAP_BITS) != 0) return -1;
@@ -44,9 +65,12 @@ void _kp_pagemap_set_range(uintptr_t pn, size_t npages, kp_span *s) {
 }
 
 void _kp_pagemap_set_class(uintptr_t pn, size_t npages, unsigned cls) {
+    size_t flat = atomic_load_explicit(&_kp_classmap.pages, memory_order_acquire);
+    _Atomic uint8_t *bytes = atomic_load_explicit(&_kp_classmap.bytes, memory_order_relaxed);
     for (size_t i = 0; i < npages; i++) {
         kp_pagemap_leaf *leaf = leaf_of(pn + i);
         atomic_store_explicit(&leaf->classes[(pn + i) & (KP_LEAF_PAGES - 1)], (uint8_t)cls, memory_order_relaxed);
+        if (pn + i < flat) atomic_store_explicit(&bytes[pn + i], (uint8_t)cls, memory_order_relaxed);
     }
 }
 

@@ -534,7 +534,7 @@ void kp_pool_free(kp_pool *pool, void *p) {
     if (KP_LIKELY(pool != NULL)) {
         /* A slot tag on p's page says: a chunk of the cached pool in that
          * slot (NULL and foreign pointers have other bytes). */
-        unsigned tag = _kp_pagemap_class(p);
+        unsigned tag = _kp_pagemap_class_flat(p);
         if (KP_LIKELY(tag == pool->fast_tag && block_offset_ok(pool, (uintptr_t)p & pool->chunk_mask))) {
             kp_pool_cache *pc = &_kp_tls_tcache->pools[tag - KP_CLASS_POOL_SLOT0];
             if (KP_LIKELY(KP_LOAD(pc->pool_id) == pool->id && pc->head != p)) {

@@ -1,5 +1,7 @@
 /* test_pagemap.c: page -> span lookups, class bytes, validation of stale
  * and foreign pointers. */
+#include <stdlib.h>
+
 #include "check.h"
 #include "kp_internal.h"
 
@@ -35,6 +37,29 @@ static void test_class_bytes_follow_small_spans(void) {
     kp_free(big);
 }
 
+/* The flat map and the radix tree agree on every class byte; the flat map
+ * exists unless the test is told it must not (the Makefile runs this test
+ * again under a small address-space limit, where the reservation fails). */
+static void test_flat_class_map_mirrors_the_tree(void) {
+    const char *none = getenv("KP_EXPECT_NO_CLASSMAP");
+    size_t pages = atomic_load(&_kp_classmap.pages);
+    CHECK(none && *none == '1' ? pages == 0 : pages == ((size_t)1 << KP_CLASSMAP_BITS));
+    void *small[KP_NUM_CLASSES];
+    for (unsigned c = 1; c < KP_NUM_CLASSES; c++) {
+        small[c] = kp_malloc(_kp_classes[c].size);
+        CHECK(small[c] != NULL);
+        CHECK(_kp_pagemap_class(small[c]) == c && _kp_pagemap_class_radix(small[c]) == c);
+        CHECK(_kp_pagemap_class_flat(small[c]) == (pages ? c : 0));
+    }
+    void *big = kp_malloc(1 << 20);
+    CHECK(_kp_pagemap_class_flat(big) == 0 && _kp_pagemap_class_radix(big) == 0);
+    int local;
+    CHECK(_kp_pagemap_class_flat(&local) == 0 && _kp_pagemap_class(NULL) == 0);
+    CHECK(_kp_pagemap_class_flat((void *)((uintptr_t)1 << 47)) == 0);   /* above the flat map */
+    for (unsigned c = 1; c < KP_NUM_CLASSES; c++) kp_free(small[c]);
+    kp_free(big);
+}
+
 static void test_ensure_rejects_addresses_beyond_the_map(void) {
     CHECK(_kp_pagemap_ensure(((uintptr_t)1 << KP_PAGEMAP_BITS) - 1, 2) == -1);
 }
@@ -44,6 +69,7 @@ int main(void) {
     RUN(test_lookup_of_unmapped_pages_is_null);
     RUN(test_every_page_of_a_span_maps_to_it);
     RUN(test_class_bytes_follow_small_spans);
+    RUN(test_flat_class_map_mirrors_the_tree);
     RUN(test_ensure_rejects_addresses_beyond_the_map);
     return DONE();
 }
