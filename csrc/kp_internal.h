@@ -197,6 +197,7 @@ static inline kp_tcache *_kp_tcache_mine(void) {
 KP_INTERNAL kp_tcache *_kp_tcache_get(void);
 KP_INTERNAL void *_kp_tcache_refill(kp_tcache *tc, unsigned cls);   /* one object or NULL */
 KP_INTERNAL void _kp_tcache_overflow(kp_tcache *tc, unsigned cls);  /* list too long */
+KP_INTERNAL size_t _kp_tcache_budget_cap(void);   /* one thread's byte budget now */
 KP_INTERNAL void _kp_tcache_flush_all(kp_tcache *tc);          /* size-class lists */
 KP_INTERNAL void _kp_tcache_flush_thread(kp_tcache *tc);       /* lists and pool caches */
 /* Count an allocation or free by a thread that has no cache. */

@@ -72,9 +72,19 @@ _Static_assert(KP_SMALL_MAX % KP_COARSE_STEP == 0, "coarse lookup covers the sma
 #define KP_DECAY_CHECK_MS 50                   /* how often the page heap looks at the clock */
 
 /* ---- thread cache -------------------------------------------------------- */
+/* The byte budget of one thread's lists: an even share of
+ * KP_TCACHE_TOTAL_BYTES among the live caches, within [MIN, MAX] (tcmalloc's
+ * defaults: 32 MiB overall, at most 4 MiB a thread). */
 #ifndef KP_TCACHE_MAX_BYTES
-#define KP_TCACHE_MAX_BYTES ((size_t)2 << 20)  /* over it, larger lists give up budget */
+#define KP_TCACHE_MAX_BYTES ((size_t)4 << 20)
 #endif
+#ifndef KP_TCACHE_MIN_BYTES
+#define KP_TCACHE_MIN_BYTES ((size_t)512 << 10)
+#endif
+#ifndef KP_TCACHE_TOTAL_BYTES
+#define KP_TCACHE_TOTAL_BYTES ((size_t)32 << 20)
+#endif
+_Static_assert(KP_TCACHE_MIN_BYTES <= KP_TCACHE_MAX_BYTES, "a thread's budget range is not empty");
 #ifndef KP_TCACHE_MAX_BATCHES
 #define KP_TCACHE_MAX_BATCHES 4                /* a list holds at most this many batches */
 #endif
@@ -167,9 +177,9 @@ typedef struct kp_central {
  * are atomics only so that stats readers in other threads do not race: the
  * owner updates them with relaxed load + store (plain moves on x86).
  * The byte cap costs nothing per operation: every list has a maximum length,
- * and the sum over lists of max * size (budget_used) stays within
- * KP_TCACHE_MAX_BYTES; a list that wants to grow past it takes budget from
- * larger lists (tcache.c: grow). Frees are not counted per operation: per class,
+ * and the sum over lists of max * size (budget_used) stays within the
+ * thread's budget (tcache.c: budget_cap); a list that wants to grow past it
+ * takes budget from larger lists (tcache.c: grow). Frees are not counted per operation: per class,
  *   frees == allocs + count - fetched + returned.                          */
 typedef struct kp_tlist {          /* one cache line holds two lists */
     void *head;

@@ -5,13 +5,19 @@
  * refilled with one batch from the central list; a list longer than its
  * max gives one batch back. The byte cap is a budget of list lengths: a list
  * grows its max (up to its class's tcache_max) while sum(max * size) stays
- * within KP_TCACHE_MAX_BYTES, else it takes budget from larger lists, a few
- * per call in round-robin order, which give back what no longer fits. When a thread exits, a pthread
- * key destructor gives everything back, so threads that never call kpool at
- * exit are covered too.
+ * within the thread's budget, else it takes budget from larger lists, a few
+ * per call in round-robin order, which give back what no longer fits. The
+ * budget is an even share of KP_TCACHE_TOTAL_BYTES among live caches, within
+ * [KP_TCACHE_MIN_BYTES, KP_TCACHE_MAX_BYTES]: with many threads each caches
+ * less, so the caches together stay bounded. A cache over its share (threads
+ * were added) gives budget back at its next overflow. When a thread exits, a
+ * pthread key destructor gives everything back, so threads that never call
+ * kpool at exit are covered too.
  * Calls: central (batches), pool (through a hook: dropping pool caches).
  * Invariants: count == length of head's list <= max;
- *   budget_used == sum(max * size) <= KP_TCACHE_MAX_BYTES;
+ *   budget_used == sum(max * size) <= KP_TCACHE_MAX_BYTES, and after any
+ *   grow or overflow of a list <= budget_cap() (or as near as KP_STEAL_TRIES
+ *   shrinks get it);
  *   a cache is on the registry from creation until its thread's destructor.
  * Locks: the registry lock guards the list of caches (stats readers walk it;
  *   creation and exit update it). The owner never takes it on the fast path.
@@ -31,6 +37,7 @@ static kp_tcache registry = { .reg_next = &registry, .reg_prev = &registry };
 /* What exited threads (and threads without a cache) counted; written and
  * read under the registry lock. */
 static kp_tcache_totals retired;
+static _Atomic size_t live_caches;   /* caches on the registry (written under its lock) */
 
 void (*_kp_tcache_pool_hook)(kp_tcache *tc);
 static pthread_key_t exit_key;
@@ -64,6 +71,7 @@ kp_tcache *_kp_tcache_get(void) {
     tc->reg_prev = &registry;
     registry.reg_next->reg_prev = tc;
     registry.reg_next = tc;
+    KP_BUMP(live_caches, 1);
     _kp_unlock(&registry_lock);
     pthread_setspecific(exit_key, tc);
     _kp_tls_tcache = tc;
@@ -103,22 +111,31 @@ static size_t shrink(kp_tcache *tc, unsigned c, size_t bytes) {
     return (size_t)drop * size;
 }
 
-/* Raise cls's max by one batch. At the cap, budget is taken from other
- * lists that hold more than cls, looked at round-robin a few at a time, so a
- * full budget costs O(1) per call, not a scan of every class. 1 if it grew. */
+size_t _kp_tcache_budget_cap(void) {
+    size_t n = KP_LOAD(live_caches);
+    size_t share = KP_TCACHE_TOTAL_BYTES / (n ? n : 1);
+    return share > KP_TCACHE_MAX_BYTES ? KP_TCACHE_MAX_BYTES : share < KP_TCACHE_MIN_BYTES ? KP_TCACHE_MIN_BYTES : share;
+}
+
+/* Raise cls's max by one batch (if it is below its class's tcache_max).
+ * Over the cap, budget is taken from lists that hold more than cls (from any
+ * list, cls too, while the cache is over its share even without growing),
+ * looked at round-robin a few at a time, so a full budget costs O(1) per
+ * call, not a scan of every class. 1 if it grew. */
 static int grow(kp_tcache *tc, unsigned cls) {
     const kp_class_info *ci = &_kp_classes[cls];
     kp_tlist *l = &tc->lists[cls];
-    if (l->max >= ci->tcache_max) return 0;
-    size_t need = (size_t)ci->batch * ci->size;
+    size_t cap = _kp_tcache_budget_cap();
+    size_t need = l->max < ci->tcache_max ? (size_t)ci->batch * ci->size : 0;
     size_t mine = (size_t)l->max * ci->size;
-    for (unsigned tries = 0; tc->budget_used + need > KP_TCACHE_MAX_BYTES && tries < KP_STEAL_TRIES; tries++) {
+    for (unsigned tries = 0; tc->budget_used + need > cap && tries < KP_STEAL_TRIES; tries++) {
         unsigned c = tc->steal_next;
         tc->steal_next = c + 1 < KP_NUM_CLASSES ? c + 1 : 1;
-        if (c == cls || (size_t)tc->lists[c].max * _kp_classes[c].size <= mine) continue;
-        shrink(tc, c, tc->budget_used + need - KP_TCACHE_MAX_BYTES);
+        int over_share = tc->budget_used > cap;
+        if (!over_share && (c == cls || (size_t)tc->lists[c].max * _kp_classes[c].size <= mine)) continue;
+        shrink(tc, c, tc->budget_used + need - cap);
     }
-    if (tc->budget_used + need > KP_TCACHE_MAX_BYTES) return 0;
+    if (need == 0 || tc->budget_used + need > cap) return 0;
     l->max += ci->batch;
     tc->budget_used += need;
     return 1;
@@ -213,6 +230,7 @@ static void destroy_cache(kp_tcache *tc) {
     tc->reg_next->reg_prev = tc->reg_prev;
     add_totals(&retired, tc);
     for (unsigned c = 1; c < KP_NUM_CLASSES; c++) retired.cached[c] = 0;
+    KP_DROP(live_caches, 1);
     _kp_unlock(&registry_lock);
     _kp_meta_free(tc, sizeof(kp_tcache));
 }

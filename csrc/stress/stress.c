@@ -1241,6 +1241,9 @@ char *kps_finish(kps_run *r) {
     if (!r) return NULL;
     for (int i = 0; i < r->nthreads; i++)
         if (r->th[i].joinable) pthread_join(r->th[i].tid, NULL);
+    /* The run's memory figures, before this function's own buffers (the
+     * samples' copy, the sort's scratch, the JSON) can add to them. */
+    long peak_rss = rss_peak(), final_rss = rss_now();
     int n = r->nthreads;
     uint64_t t0 = UINT64_MAX, t1 = 0, ops = 0, corrupt = 0;
     uint64_t pa0 = UINT64_MAX, pa1 = 0, pf0 = UINT64_MAX, pf1 = 0;
@@ -1280,8 +1283,8 @@ char *kps_finish(kps_run *r) {
               (unsigned long long)pct(all, k, 0.50), (unsigned long long)pct(all, k, 0.99),
               (unsigned long long)pct(all, k, 0.999), (unsigned long long)(k ? all[k - 1] : 0), k);
     free(all);
-    sb_rss(&b, "peak_rss", rss_peak());
-    sb_rss(&b, "final_rss", rss_now());
+    sb_rss(&b, "peak_rss", peak_rss);
+    sb_rss(&b, "final_rss", final_rss);
     sb_printf(&b, ",\"corrupt\":%llu,\"error\":", (unsigned long long)corrupt);
     sb_str(&b, error);
     sb_printf(&b, ",\"stopped\":%s,\"seed\":%llu,\"verify\":%s", stopped ? "true" : "false",

@@ -48,6 +48,50 @@ static void test_byte_cap(void) {
     }
 }
 
+/* Many live threads share KP_TCACHE_TOTAL_BYTES: each one's lists stay
+ * within its share once it has overflowed a few times. */
+enum { SHARE_THREADS = 80 };
+static pthread_barrier_t share_barrier;
+static _Atomic int share_failures;
+
+static void churn_large_blocks(void) {
+    enum { N = 64 };
+    void *v[N];
+    for (int round = 0; round < 4; round++)
+        for (size_t size = 4096; size <= KP_SMALL_MAX; size *= 2) {
+            for (int i = 0; i < N; i++) v[i] = kp_malloc(size);
+            for (int i = 0; i < N; i++) kp_free(v[i]);
+        }
+}
+
+static void *use_a_share(void *arg) {
+    (void)arg;
+    kp_tcache *tc = _kp_tcache_get();
+    pthread_barrier_wait(&share_barrier);      /* every cache is live now */
+    churn_large_blocks();
+    size_t cap = _kp_tcache_budget_cap(), held = 0;
+    for (unsigned c = 1; c < KP_NUM_CLASSES; c++) held += (size_t)KP_LOAD(tc->lists[c].count) * _kp_classes[c].size;
+    if (cap != KP_TCACHE_MIN_BYTES || tc->budget_used > cap || held > cap) atomic_fetch_add(&share_failures, 1);
+    pthread_barrier_wait(&share_barrier);      /* no cache leaves before all have checked */
+    return NULL;
+}
+
+static void test_budget_is_shared_among_threads(void) {
+    _Static_assert(KP_TCACHE_TOTAL_BYTES / (SHARE_THREADS + 1) <= KP_TCACHE_MIN_BYTES, "enough threads to reach the floor");
+    /* Alone, this thread fills a larger share; when the others start it is
+     * over its new share, and its overflows give budget back. */
+    CHECK(_kp_tcache_budget_cap() > KP_TCACHE_MIN_BYTES);
+    churn_large_blocks();
+    CHECK(_kp_tcache_get()->budget_used > KP_TCACHE_MIN_BYTES);
+    pthread_barrier_init(&share_barrier, NULL, SHARE_THREADS + 1);
+    pthread_t t[SHARE_THREADS];
+    for (int i = 0; i < SHARE_THREADS; i++) CHECK_EQ(pthread_create(&t[i], NULL, use_a_share, NULL), 0);
+    use_a_share(NULL);
+    for (int i = 0; i < SHARE_THREADS; i++) pthread_join(t[i], NULL);
+    pthread_barrier_destroy(&share_barrier);
+    CHECK_EQ(atomic_load(&share_failures), 0);
+}
+
 static void test_thread_flush_empties_this_cache(void) {
     void *p = kp_malloc(300);
     kp_free(p);
@@ -99,6 +143,7 @@ int main(void) {
     _kp_init();
     RUN(test_refill_and_overflow_move_batches);
     RUN(test_byte_cap);
+    RUN(test_budget_is_shared_among_threads);
     RUN(test_thread_flush_empties_this_cache);
     RUN(test_exited_threads_give_everything_back);
     RUN(test_cross_thread_frees);
