@@ -12,29 +12,30 @@
  * Invariants (_kp_central_is_valid): free_objects == batch * used + sum
  *   over the class's spans of |freelist| + (capacity - carved); a span is on
  *   `partial` iff it has a free object; spans with allocated == 0 are not
- *   kept; used <= nslots, nslots * batch * size <= KP_TRANSFER_BYTES.
+ *   kept; used <= transfer_slots, transfer_slots * batch * size <=
+ *   KP_TRANSFER_BYTES.
  * Locks: one kp_lock per class, each on its own cache line. A class lock may
  *   be held while taking the page heap lock, never the reverse; no two class
  *   locks are held at once (except by fork's prepare handler, in class order).
  */
 #include "kp_internal.h"
 
-static kp_central centrals[KP_NUM_CLASSES];
+/* Nothing here is written before a class is first used (the lock's
+ * initializer is all zeros with glibc, and an empty `partial` may have
+ * next == NULL), so the pages of unused classes never become resident. */
+static kp_central centrals[KP_NUM_CLASSES] = {
+    [0 ... KP_NUM_CLASSES - 1] = { .lock = { .mutex = PTHREAD_MUTEX_INITIALIZER } },
+};
 
 kp_central *_kp_central(unsigned cls) { return &centrals[cls]; }
 
-void _kp_central_init(void) {
-    for (unsigned c = 0; c < KP_NUM_CLASSES; c++) {
-        _kp_lock_init(&centrals[c].lock);
-        centrals[c].partial.next = centrals[c].partial.prev = &centrals[c].partial;
-        if (c == 0) continue;
-        size_t batch_bytes = (size_t)_kp_classes[c].batch * _kp_classes[c].size;
-        size_t n = KP_TRANSFER_BYTES / batch_bytes;
-        centrals[c].nslots = (uint32_t)(n > KP_TRANSFER_SLOTS ? KP_TRANSFER_SLOTS : n);
-    }
+static kp_span *partial_first(kp_central *c) {
+    kp_span *s = c->partial.next;
+    return s == &c->partial ? NULL : s;
 }
 
 static void partial_push(kp_central *c, kp_span *s) {
+    if (!c->partial.next) c->partial.next = c->partial.prev = &c->partial;
     s->next = c->partial.next;
     s->prev = &c->partial;
     c->partial.next->prev = s;
@@ -82,8 +83,8 @@ unsigned _kp_central_fetch(unsigned cls, unsigned n, void **head_out) {
         got = n;
     }
     while (got < n) {
-        kp_span *s = c->partial.next;
-        if (s == &c->partial) {
+        kp_span *s = partial_first(c);
+        if (!s) {
             s = new_span(c, cls);
             if (!s) break;
         }
@@ -155,7 +156,7 @@ static void return_to_spans(kp_central *c, void *head, unsigned n) {
 void _kp_central_return(unsigned cls, void *head, unsigned n) {
     kp_central *c = &centrals[cls];
     _kp_lock(&c->lock);
-    if (n == _kp_classes[cls].batch && c->used < c->nslots) {
+    if (n == _kp_classes[cls].batch && c->used < _kp_classes[cls].transfer_slots) {
         c->slots[c->used++] = head;
         KP_STORE(c->free_objects, KP_LOAD(c->free_objects) + n);
     } else {
@@ -179,14 +180,14 @@ int _kp_central_is_valid(unsigned cls) {
     kp_central *c = &centrals[cls];
     _kp_lock(&c->lock);
     size_t free_objects = 0;
-    int ok = c->used <= c->nslots;
+    int ok = c->used <= _kp_classes[cls].transfer_slots;
     for (uint32_t i = 0; ok && i < c->used; i++) {
         size_t n = 0;
         for (void *p = c->slots[i]; p; p = *(void **)p) n++;
         ok = n == _kp_classes[cls].batch;
         free_objects += n;
     }
-    for (kp_span *s = c->partial.next; ok && s != &c->partial; s = s->next) {
+    for (kp_span *s = partial_first(c); ok && s && s != &c->partial; s = s->next) {
         size_t listed = 0;
         void *last = NULL;
         for (void *p = s->freelist; p; p = *(void **)p) {

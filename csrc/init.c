@@ -57,7 +57,6 @@ KP_INTERNAL void _kp_pool_thread_flush(kp_tcache *tc);
 static void init_once_body(void) {
     _kp_pagemap_init();
     _kp_sizeclass_init();
-    _kp_central_init();
     _kp_pageheap_init();
     _kp_tcache_pool_hook = _kp_pool_thread_flush;
     pthread_atfork(fork_prepare, fork_parent, fork_child);

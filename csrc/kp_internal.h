@@ -171,7 +171,6 @@ static inline unsigned _kp_size_class(size_t size) {
 KP_INTERNAL int _kp_sizeclass_is_valid(void);
 
 /* ---- central.c --------------------------------------------------------------- */
-KP_INTERNAL void _kp_central_init(void);
 KP_INTERNAL kp_central *_kp_central(unsigned cls);
 /* Up to n objects of cls as a NULL-terminated list through their first
  * word; returns the count (0 + ENOMEM when no span could be had). */

@@ -151,6 +151,7 @@ typedef struct kp_class_info {
     uint32_t objects;     /* objects per span */
     uint32_t batch;       /* objects moved per tcache refill or flush */
     uint32_t tcache_max;  /* longest thread list before a flush */
+    uint32_t transfer_slots; /* whole batches the central list keeps (central.c) */
     uint64_t recip;       /* ceil(2^32 / size): offset -> index without division */
 } kp_class_info;
 
@@ -167,8 +168,7 @@ typedef struct kp_central {
     kp_span partial;                /* sentinel: spans with a free object */
     _Atomic size_t free_objects;    /* free objects: span freelists, uncarved, transfer slots (written under lock) */
     _Atomic size_t spans;           /* spans held (written under lock) */
-    uint32_t nslots;                /* transfer slots this class may use */
-    uint32_t used;                  /* transfer slots holding a batch */
+    uint32_t used;                  /* transfer slots holding a batch (<= the class's transfer_slots) */
     void *slots[KP_TRANSFER_SLOTS]; /* NULL-terminated chains of exactly one batch */
 } __attribute__((aligned(KP_CACHELINE))) kp_central;
 

@@ -42,9 +42,14 @@ static _Atomic size_t ph_mapped, ph_released, ph_free;
 
 kp_lock *_kp_pageheap_lock(void) { return &ph.lock; }
 
-static void list_init(kp_span *sentinel) { sentinel->next = sentinel->prev = sentinel; }
-static int list_empty(const kp_span *sentinel) { return sentinel->next == sentinel; }
+/* The size lists' sentinels start zeroed, and next == NULL means empty: the
+ * 258 heads are not written at start-up, so only the pages holding lists in
+ * use become resident. */
+static int list_empty(const kp_span *sentinel) { return !sentinel->next || sentinel->next == sentinel; }
+static kp_span *list_first(kp_span *sentinel) { return list_empty(sentinel) ? NULL : sentinel->next; }
+static kp_span *list_next(const kp_span *sentinel, const kp_span *s) { return s->next == sentinel ? NULL : s->next; }
 static void list_push(kp_span *sentinel, kp_span *s) {
+    if (!sentinel->next) sentinel->next = sentinel->prev = sentinel;
     s->next = sentinel->next;
     s->prev = sentinel;
     sentinel->next->prev = s;
@@ -75,11 +80,6 @@ static void publish_figures(void) {
 
 void _kp_pageheap_init(void) {
     _kp_lock_init(&ph.lock);
-    span_lists *kinds[2] = { &ph.normal, &ph.released };
-    for (int k = 0; k < 2; k++) {
-        for (int i = 0; i <= KP_EXACT_LISTS; i++) list_init(&kinds[k]->exact[i]);
-        list_init(&kinds[k]->large);
-    }
     ph.age.age_next = ph.age.age_prev = &ph.age;
 }
 
@@ -177,7 +177,7 @@ static kp_span *find_in(span_lists *L, size_t npages) {
         }
     }
     kp_span *best = NULL;   /* best fit, lowest address on ties */
-    for (kp_span *s = L->large.next; s != &L->large; s = s->next) {
+    for (kp_span *s = list_first(&L->large); s; s = list_next(&L->large, s)) {
         if (s->npages < npages) continue;
         if (!best || s->npages < best->npages || (s->npages == best->npages && s->start < best->start)) best = s;
     }
@@ -412,12 +412,13 @@ void _kp_pageheap_figures(kp_pageheap_figures *out) {
     memcpy(out->state_bytes, ph.state_bytes, sizeof out->state_bytes);
     size_t largest = 0, count = 0;
     for (int i = KP_EXACT_LISTS; i >= 1; i--) {
-        for (kp_span *s = ph.normal.exact[i].next; s != &ph.normal.exact[i]; s = s->next) {
+        if (!(ph.normal.bitmap[i / 64] & ((uint64_t)1 << (i % 64)))) continue;
+        for (kp_span *s = list_first(&ph.normal.exact[i]); s; s = list_next(&ph.normal.exact[i], s)) {
             count++;
             if (s->npages > largest) largest = s->npages;
         }
     }
-    for (kp_span *s = ph.normal.large.next; s != &ph.normal.large; s = s->next) {
+    for (kp_span *s = list_first(&ph.normal.large); s; s = list_next(&ph.normal.large, s)) {
         count++;
         if (s->npages > largest) largest = s->npages;
     }
@@ -430,7 +431,7 @@ static int lists_valid(span_lists *L, int released, size_t *bytes) {
     for (int i = 1; i <= KP_EXACT_LISTS + 1; i++) {
         kp_span *head = i <= KP_EXACT_LISTS ? &L->exact[i] : &L->large;
         if (i <= KP_EXACT_LISTS && !!(L->bitmap[i / 64] & ((uint64_t)1 << (i % 64))) == list_empty(head)) return 0;
-        for (kp_span *s = head->next; s != head; s = s->next) {
+        for (kp_span *s = list_first(head); s; s = list_next(head, s)) {
             if (s->state != KP_SPAN_FREE || s->released != released) return 0;
             if (i <= KP_EXACT_LISTS ? s->npages != (size_t)i : s->npages <= KP_EXACT_LISTS) return 0;
             if (_kp_pagemap_get(s->start) != s || _kp_pagemap_get(s->start + s->npages - 1) != s) return 0;
