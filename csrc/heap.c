@@ -174,7 +174,9 @@ static void *large_alloc(size_t size, size_t align) {
         return NULL;
     }
     s->requested = size;
-    atomic_fetch_add_explicit(&large_bytes, npages * KP_PAGE_SIZE, memory_order_relaxed);
+    /* s->npages, not npages: without metadata for the rest, the page heap
+     * hands out a whole free span, and the free gives all of it back. */
+    atomic_fetch_add_explicit(&large_bytes, s->npages * KP_PAGE_SIZE, memory_order_relaxed);
     atomic_fetch_add_explicit(&large_requested, size, memory_order_relaxed);
     atomic_fetch_add_explicit(&large_allocs, 1, memory_order_relaxed);
     return (void *)(s->start << KP_PAGE_SHIFT);

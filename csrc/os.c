@@ -16,9 +16,11 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-static _Atomic int os_fail_next;   /* test hook: maps left to fail */
+/* Test hooks: how many maps / metadata allocations are left to fail. */
+static _Atomic int os_fail_next, meta_fail_next;
 
 void _kp_os_fail_next(int n) { atomic_store(&os_fail_next, n); }
+void _kp_meta_fail_next(int n) { atomic_store(&meta_fail_next, n); }
 
 size_t _kp_os_page_size(void) {
     static _Atomic size_t cached;
@@ -31,10 +33,10 @@ size_t _kp_os_page_size(void) {
     return ps;
 }
 
-static int os_should_fail(void) {
-    int n = atomic_load(&os_fail_next);
+static int should_fail(_Atomic int *left) {
+    int n = atomic_load(left);
     while (n > 0) {
-        if (atomic_compare_exchange_weak(&os_fail_next, &n, n - 1)) return 1;
+        if (atomic_compare_exchange_weak(left, &n, n - 1)) return 1;
     }
     return 0;
 }
@@ -45,7 +47,7 @@ static int os_should_fail(void) {
 void *_kp_os_map(size_t size, size_t align) {
     size_t ps = _kp_os_page_size();
     if (align < ps) align = ps;
-    if (size == 0 || size > ((size_t)1 << KP_ADDRESS_BITS) || os_should_fail()) {
+    if (size == 0 || size > ((size_t)1 << KP_ADDRESS_BITS) || should_fail(&os_fail_next)) {
         errno = ENOMEM;
         return NULL;
     }
@@ -118,6 +120,10 @@ static meta_free **meta_list(size_t size) {
 }
 
 void *_kp_meta_alloc(size_t size) {
+    if (should_fail(&meta_fail_next)) {
+        errno = ENOMEM;
+        return NULL;
+    }
     size = _kp_align_up(size, KP_CACHELINE);
     void *p = NULL;
     _kp_lock(&meta_lock);

@@ -14,7 +14,7 @@
  * pthread key destructor gives everything back, so threads that never call
  * kpool at exit are covered too.
  * Calls: central (batches), pool (through a hook: dropping pool caches).
- * Invariants: count == length of head's list <= max;
+ * Invariants: count == length of head's list <= max <= the class's tcache_max;
  *   budget_used == sum(max * size) <= KP_TCACHE_MAX_BYTES, and after any
  *   grow or overflow of a list <= budget_cap() (or as near as KP_STEAL_TRIES
  *   shrinks get it);
@@ -117,7 +117,7 @@ size_t _kp_tcache_budget_cap(void) {
     return share > KP_TCACHE_MAX_BYTES ? KP_TCACHE_MAX_BYTES : share < KP_TCACHE_MIN_BYTES ? KP_TCACHE_MIN_BYTES : share;
 }
 
-/* Raise cls's max by one batch (if it is below its class's tcache_max).
+/* Raise cls's max by one batch, up to its class's tcache_max.
  * Over the cap, budget is taken from lists that hold more than cls (from any
  * list, cls too, while the cache is over its share even without growing),
  * looked at round-robin a few at a time, so a full budget costs O(1) per
@@ -126,7 +126,10 @@ static int grow(kp_tcache *tc, unsigned cls) {
     const kp_class_info *ci = &_kp_classes[cls];
     kp_tlist *l = &tc->lists[cls];
     size_t cap = _kp_tcache_budget_cap();
-    size_t need = l->max < ci->tcache_max ? (size_t)ci->batch * ci->size : 0;
+    /* One batch, or what is left below tcache_max after a shrink took part of one. */
+    uint32_t room = l->max < ci->tcache_max ? ci->tcache_max - l->max : 0;
+    uint32_t more = room < ci->batch ? room : ci->batch;
+    size_t need = (size_t)more * ci->size;
     size_t mine = (size_t)l->max * ci->size;
     for (unsigned tries = 0; tc->budget_used + need > cap && tries < KP_STEAL_TRIES; tries++) {
         unsigned c = tc->steal_next;
@@ -135,8 +138,8 @@ static int grow(kp_tcache *tc, unsigned cls) {
         if (!over_share && (c == cls || (size_t)tc->lists[c].max * _kp_classes[c].size <= mine)) continue;
         shrink(tc, c, tc->budget_used + need - cap);
     }
-    if (need == 0 || tc->budget_used + need > cap) return 0;
-    l->max += ci->batch;
+    if (more == 0 || tc->budget_used + need > cap) return 0;
+    l->max += more;
     tc->budget_used += need;
     return 1;
 }

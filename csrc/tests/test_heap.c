@@ -202,6 +202,31 @@ static void test_map_failure_then_recovery(void) {
     kp_free(q);
 }
 
+/* When the page heap has no struct for the rest of a span it carves, the
+ * whole span goes out with the block: the heap's figures must count the
+ * pages the span really has, and give back as many at the free. */
+static void test_large_block_with_an_uncarved_span(void) {
+    void *warm = kp_malloc((size_t)1 << 20);   /* the page heap holds a free span after this */
+    CHECK(warm != NULL);
+    kp_free(warm);
+    kp_stats before = { .struct_size = sizeof before }, during = { .struct_size = sizeof during },
+             after = { .struct_size = sizeof after };
+    CHECK_EQ(kp_stats_get(&before), 0);
+    _kp_meta_fail_next(1);
+    void *p = kp_malloc((size_t)512 << 10);   /* a large block: above KP_SMALL_MAX */
+    _kp_meta_fail_next(0);
+    CHECK(p != NULL);
+    CHECK(kp_usable_size(p) > ((size_t)512 << 10));  /* the rest of the span came along */
+    CHECK_EQ(kp_stats_get(&during), 0);
+    CHECK_EQ(during.bytes_large - before.bytes_large, kp_usable_size(p));
+    CHECK_EQ(during.bytes_in_use - before.bytes_in_use, kp_usable_size(p));
+    kp_free(p);
+    CHECK_EQ(kp_stats_get(&after), 0);
+    CHECK_EQ(after.bytes_in_use, before.bytes_in_use);
+    CHECK_EQ(after.bytes_large, before.bytes_large);
+    CHECK(_kp_pageheap_is_valid());
+}
+
 static void *fork_worker(void *arg) {
     volatile int *stop = arg;
     void *slots[64] = {0};
@@ -288,6 +313,7 @@ int main(void) {
     RUN(test_usable_size_and_owns);
     RUN(test_misuse_reaches_the_handler);
     RUN(test_map_failure_then_recovery);
+    RUN(test_large_block_with_an_uncarved_span);
     RUN(test_fork_while_threads_allocate);
     RUN(test_memory_goes_back_without_trim);
     return DONE();

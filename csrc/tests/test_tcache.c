@@ -41,6 +41,7 @@ static void test_byte_cap(void) {
             held += (size_t)KP_LOAD(tc->lists[c].count) * _kp_classes[c].size;
             budget += (size_t)tc->lists[c].max * _kp_classes[c].size;
             CHECK(KP_LOAD(tc->lists[c].count) <= tc->lists[c].max);
+            CHECK(tc->lists[c].max <= _kp_classes[c].tcache_max);
         }
         CHECK(held <= KP_TCACHE_MAX_BYTES);
         CHECK_EQ(budget, tc->budget_used);
@@ -54,24 +55,40 @@ enum { SHARE_THREADS = 80 };
 static pthread_barrier_t share_barrier;
 static _Atomic int share_failures;
 
-static void churn_large_blocks(void) {
+/* 1 if some list of tc may hold more than its class's tcache_max. */
+static int over_class_max(const kp_tcache *tc) {
+    for (unsigned c = 1; c < KP_NUM_CLASSES; c++)
+        if (tc->lists[c].max > _kp_classes[c].tcache_max) return 1;
+    return 0;
+}
+
+/* Lists of large classes grow and take budget from each other (partial
+ * shrinks included); 1 if a list ever went over its class's tcache_max. */
+static int churn_large_blocks(void) {
     enum { N = 64 };
     void *v[N];
+    kp_tcache *tc = _kp_tcache_get();
+    int over = 0;
     for (int round = 0; round < 4; round++)
-        for (size_t size = 4096; size <= KP_SMALL_MAX; size *= 2) {
+        for (size_t size = 4096; size <= KP_SMALL_MAX; size += size / 2) {
             for (int i = 0; i < N; i++) v[i] = kp_malloc(size);
-            for (int i = 0; i < N; i++) kp_free(v[i]);
+            for (int i = 0; i < N; i++) {
+                kp_free(v[i]);
+                over |= over_class_max(tc);
+            }
         }
+    return over;
 }
 
 static void *use_a_share(void *arg) {
     (void)arg;
     kp_tcache *tc = _kp_tcache_get();
     pthread_barrier_wait(&share_barrier);      /* every cache is live now */
-    churn_large_blocks();
+    int over = churn_large_blocks();
     size_t cap = _kp_tcache_budget_cap(), held = 0;
     for (unsigned c = 1; c < KP_NUM_CLASSES; c++) held += (size_t)KP_LOAD(tc->lists[c].count) * _kp_classes[c].size;
-    if (cap != KP_TCACHE_MIN_BYTES || tc->budget_used > cap || held > cap) atomic_fetch_add(&share_failures, 1);
+    if (cap != KP_TCACHE_MIN_BYTES || tc->budget_used > cap || held > cap || over)
+        atomic_fetch_add(&share_failures, 1);
     pthread_barrier_wait(&share_barrier);      /* no cache leaves before all have checked */
     return NULL;
 }
@@ -81,7 +98,7 @@ static void test_budget_is_shared_among_threads(void) {
     /* Alone, this thread fills a larger share; when the others start it is
      * over its new share, and its overflows give budget back. */
     CHECK(_kp_tcache_budget_cap() > KP_TCACHE_MIN_BYTES);
-    churn_large_blocks();
+    CHECK(!churn_large_blocks());
     CHECK(_kp_tcache_get()->budget_used > KP_TCACHE_MIN_BYTES);
     pthread_barrier_init(&share_barrier, NULL, SHARE_THREADS + 1);
     pthread_t t[SHARE_THREADS];
