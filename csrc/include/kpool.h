@@ -18,6 +18,12 @@
  *
  * Thread safety: every function may be called from any thread, except that
  * one kp_arena must not be used by two threads at once (see below).
+ *
+ * Memory held per thread: each thread caches free blocks without locks. The
+ * caches of all live threads share 32 MiB, evenly: with N threads each one
+ * may hold up to 32 MiB / N, a share kept between 512 KiB and 4 MiB.
+ * kp_thread_flush() empties the calling thread's cache; a thread's cache is
+ * given back when the thread exits.
  */
 #ifndef KPOOL_H
 #define KPOOL_H
