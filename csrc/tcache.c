@@ -9,10 +9,11 @@
  * per call in round-robin order, which give back what no longer fits. The
  * budget is an even share of KP_TCACHE_TOTAL_BYTES among live caches, within
  * [KP_TCACHE_MIN_BYTES, KP_TCACHE_MAX_BYTES]: with many threads each caches
- * less, so the caches together stay bounded. A cache over its share (threads
- * were added) gives budget back at its next overflow. When a thread exits, a
- * pthread key destructor gives everything back, so threads that never call
- * kpool at exit are covered too.
+ * less (all together: the total up to total / min threads, then the minimum
+ * per thread). A cache over its share (threads were started) gives the
+ * excess back over its next overflows, from up to KP_STEAL_TRIES lists at a
+ * time. When a thread exits, a pthread key destructor gives everything back,
+ * so threads that never call kpool at exit are covered too.
  * Calls: central (batches), pool (through a hook: dropping pool caches).
  * Invariants: count == length of head's list <= max <= the class's tcache_max;
  *   budget_used == sum(max * size) <= KP_TCACHE_MAX_BYTES, and after any
@@ -135,6 +136,7 @@ static int grow(kp_tcache *tc, unsigned cls) {
         unsigned c = tc->steal_next;
         tc->steal_next = c + 1 < KP_NUM_CLASSES ? c + 1 : 1;
         int over_share = tc->budget_used > cap;
+        if (tc->lists[c].max == 0) continue;   /* nothing to take (class 0 always) */
         if (!over_share && (c == cls || (size_t)tc->lists[c].max * _kp_classes[c].size <= mine)) continue;
         shrink(tc, c, tc->budget_used + need - cap);
     }

@@ -19,9 +19,11 @@
  * Thread safety: every function may be called from any thread, except that
  * one kp_arena must not be used by two threads at once (see below).
  *
- * Memory held per thread: each thread caches free blocks without locks. The
- * caches of all live threads share 32 MiB, evenly: with N threads each one
- * may hold up to 32 MiB / N, a share kept between 512 KiB and 4 MiB.
+ * Memory held per thread: each thread caches free blocks without locks. With
+ * N live threads, a thread's cache may hold up to 32 MiB / N, but never less
+ * than 512 KiB nor more than 4 MiB (so over 64 threads, N * 512 KiB in all).
+ * A cache over its share, because threads were started, gives the excess
+ * back over its next few overflows.
  * kp_thread_flush() empties the calling thread's cache; a thread's cache is
  * given back when the thread exits.
  */

@@ -109,6 +109,62 @@ static void test_budget_is_shared_among_threads(void) {
     CHECK_EQ(atomic_load(&share_failures), 0);
 }
 
+/* A cache that filled a large share before other threads made theirs (so it
+ * never had to take budget from a list, and its round-robin cursor still
+ * points at class 0) is over its share once they start; its overflows give
+ * the excess back. (This once divided by class 0's size of 0.) */
+enum { LATE_THREADS = 80 };
+static pthread_barrier_t warm_barrier, live_barrier;
+static size_t late_before, late_after, late_cap;
+
+static void *fill_alone_then_give_back(void *arg) {
+    (void)arg;
+    enum { N = 64 };
+    void *v[N];
+    kp_tcache *tc = _kp_tcache_get();
+    static const size_t sizes[] = {4096, 6144, 9216};
+    for (int s = 0; s < 3; s++) {
+        for (int i = 0; i < N; i++) v[i] = kp_malloc(sizes[s]);
+        for (int i = 0; i < N; i++) kp_free(v[i]);
+    }
+    late_before = tc->budget_used;
+    pthread_barrier_wait(&warm_barrier);      /* now the others start */
+    pthread_barrier_wait(&live_barrier);      /* their caches are live */
+    void *w[2 * N];   /* more than the list holds: every round overflows */
+    for (int round = 0; round < 64; round++) {
+        for (int i = 0; i < 2 * N; i++) w[i] = kp_malloc(4096);
+        for (int i = 0; i < 2 * N; i++) kp_free(w[i]);
+    }
+    late_cap = _kp_tcache_budget_cap();
+    late_after = tc->budget_used;
+    pthread_barrier_wait(&live_barrier);      /* they stay until this is measured */
+    return NULL;
+}
+
+static void *hold_a_cache(void *arg) {
+    (void)arg;
+    (void)_kp_tcache_get();
+    pthread_barrier_wait(&live_barrier);
+    pthread_barrier_wait(&live_barrier);
+    return NULL;
+}
+
+static void test_cache_over_its_share_gives_back(void) {
+    pthread_barrier_init(&warm_barrier, NULL, 2);
+    pthread_barrier_init(&live_barrier, NULL, LATE_THREADS + 1);
+    pthread_t late, t[LATE_THREADS];
+    CHECK_EQ(pthread_create(&late, NULL, fill_alone_then_give_back, NULL), 0);
+    pthread_barrier_wait(&warm_barrier);
+    for (int i = 0; i < LATE_THREADS; i++) CHECK_EQ(pthread_create(&t[i], NULL, hold_a_cache, NULL), 0);
+    pthread_join(late, NULL);
+    for (int i = 0; i < LATE_THREADS; i++) pthread_join(t[i], NULL);
+    pthread_barrier_destroy(&warm_barrier);
+    pthread_barrier_destroy(&live_barrier);
+    CHECK(late_before > KP_TCACHE_MIN_BYTES);   /* it was over the share it got later */
+    CHECK_EQ(late_cap, KP_TCACHE_MIN_BYTES);
+    CHECK(late_after <= late_cap);
+}
+
 static void test_thread_flush_empties_this_cache(void) {
     void *p = kp_malloc(300);
     kp_free(p);
@@ -161,6 +217,7 @@ int main(void) {
     RUN(test_refill_and_overflow_move_batches);
     RUN(test_byte_cap);
     RUN(test_budget_is_shared_among_threads);
+    RUN(test_cache_over_its_share_gives_back);
     RUN(test_thread_flush_empties_this_cache);
     RUN(test_exited_threads_give_everything_back);
     RUN(test_cross_thread_frees);
