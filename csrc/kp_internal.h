@@ -116,8 +116,7 @@ KP_INTERNAL void *_kp_meta_alloc(size_t size);
 KP_INTERNAL void _kp_meta_free(void *p, size_t size);
 KP_INTERNAL size_t _kp_meta_bytes(void);
 KP_INTERNAL kp_lock *_kp_meta_lock(void);
-/* Test hook: make the next n maps fail (ENOMEM). */
-KP_INTERNAL void _kp_os_fail_next(int n);     /* test hook: the next n maps fail */
+KP_INTERNAL void _kp_os_fail_next(int n);     /* test hook: the next n maps fail (ENOMEM) */
 KP_INTERNAL void _kp_meta_fail_next(int n);   /* test hook: the next n metadata allocations fail */
 
 /* ---- pagemap.c ------------------------------------------------------------ */

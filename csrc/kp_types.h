@@ -178,8 +178,9 @@ typedef struct kp_central {
  * owner updates them with relaxed load + store (plain moves on x86).
  * The byte cap costs nothing per operation: every list has a maximum length,
  * and the sum over lists of max * size (budget_used) stays within the
- * thread's budget (tcache.c: budget_cap); a list that wants to grow past it
- * takes budget from larger lists (tcache.c: grow). Frees are not counted per operation: per class,
+ * thread's budget (tcache.c: _kp_tcache_budget_cap); a list that wants to
+ * grow past it takes budget from larger lists (tcache.c: grow). Frees are
+ * not counted per operation: per class,
  *   frees == allocs + count - fetched + returned.                          */
 typedef struct kp_tlist {          /* one cache line holds two lists */
     void *head;
