@@ -27,18 +27,28 @@ static void test_refill_and_overflow_move_batches(void) {
     CHECK(_kp_central_is_valid(cls));
 }
 
+/* n blocks of size, all live at once, then all freed (n <= 128). */
+static void alloc_then_free(size_t size, int n) {
+    void *v[128];
+    for (int i = 0; i < n; i++) v[i] = kp_malloc(size);
+    for (int i = 0; i < n; i++) kp_free(v[i]);
+}
+
+/* Bytes of free blocks in tc's lists. */
+static size_t held_bytes(const kp_tcache *tc) {
+    size_t held = 0;
+    for (unsigned c = 1; c < KP_NUM_CLASSES; c++) held += (size_t)KP_LOAD(tc->lists[c].count) * _kp_classes[c].size;
+    return held;
+}
+
 static void test_byte_cap(void) {
     kp_tcache *tc = _kp_tcache_get();
-    enum { N = 64 };
-    void *v[N];
     for (int s = 0; s < 6; s++) {
         size_t size = (size_t)(32 << 10) << s;
         if (size > KP_SMALL_MAX) break;
-        for (int i = 0; i < N; i++) v[i] = kp_malloc(size);
-        for (int i = 0; i < N; i++) kp_free(v[i]);
-        size_t held = 0, budget = 0;
+        alloc_then_free(size, 64);
+        size_t held = held_bytes(tc), budget = 0;
         for (unsigned c = 1; c < KP_NUM_CLASSES; c++) {
-            held += (size_t)KP_LOAD(tc->lists[c].count) * _kp_classes[c].size;
             budget += (size_t)tc->lists[c].max * _kp_classes[c].size;
             CHECK(KP_LOAD(tc->lists[c].count) <= tc->lists[c].max);
             CHECK(tc->lists[c].max <= _kp_classes[c].tcache_max);
@@ -51,7 +61,7 @@ static void test_byte_cap(void) {
 
 /* Many live threads share KP_TCACHE_TOTAL_BYTES: each one's lists stay
  * within its share once it has overflowed a few times. */
-enum { SHARE_THREADS = 80 };
+enum { MANY_THREADS = 80 };
 static pthread_barrier_t share_barrier;
 static _Atomic int share_failures;
 
@@ -85,26 +95,25 @@ static void *use_a_share(void *arg) {
     kp_tcache *tc = _kp_tcache_get();
     pthread_barrier_wait(&share_barrier);      /* every cache is live now */
     int over = churn_large_blocks();
-    size_t cap = _kp_tcache_budget_cap(), held = 0;
-    for (unsigned c = 1; c < KP_NUM_CLASSES; c++) held += (size_t)KP_LOAD(tc->lists[c].count) * _kp_classes[c].size;
-    if (cap != KP_TCACHE_MIN_BYTES || tc->budget_used > cap || held > cap || over)
+    size_t cap = _kp_tcache_budget_cap();
+    if (cap != KP_TCACHE_MIN_BYTES || tc->budget_used > cap || held_bytes(tc) > cap || over)
         atomic_fetch_add(&share_failures, 1);
     pthread_barrier_wait(&share_barrier);      /* no cache leaves before all have checked */
     return NULL;
 }
 
 static void test_budget_is_shared_among_threads(void) {
-    _Static_assert(KP_TCACHE_TOTAL_BYTES / (SHARE_THREADS + 1) <= KP_TCACHE_MIN_BYTES, "enough threads to reach the floor");
+    _Static_assert(KP_TCACHE_TOTAL_BYTES / (MANY_THREADS + 1) <= KP_TCACHE_MIN_BYTES, "enough threads to reach the floor");
     /* Alone, this thread fills a larger share; when the others start it is
      * over its new share, and its overflows give budget back. */
     CHECK(_kp_tcache_budget_cap() > KP_TCACHE_MIN_BYTES);
     CHECK(!churn_large_blocks());
     CHECK(_kp_tcache_get()->budget_used > KP_TCACHE_MIN_BYTES);
-    pthread_barrier_init(&share_barrier, NULL, SHARE_THREADS + 1);
-    pthread_t t[SHARE_THREADS];
-    for (int i = 0; i < SHARE_THREADS; i++) CHECK_EQ(pthread_create(&t[i], NULL, use_a_share, NULL), 0);
+    pthread_barrier_init(&share_barrier, NULL, MANY_THREADS + 1);
+    pthread_t t[MANY_THREADS];
+    for (int i = 0; i < MANY_THREADS; i++) CHECK_EQ(pthread_create(&t[i], NULL, use_a_share, NULL), 0);
     use_a_share(NULL);
-    for (int i = 0; i < SHARE_THREADS; i++) pthread_join(t[i], NULL);
+    for (int i = 0; i < MANY_THREADS; i++) pthread_join(t[i], NULL);
     pthread_barrier_destroy(&share_barrier);
     CHECK_EQ(atomic_load(&share_failures), 0);
 }
@@ -113,28 +122,19 @@ static void test_budget_is_shared_among_threads(void) {
  * never had to take budget from a list, and its round-robin cursor still
  * points at class 0) is over its share once they start; its overflows give
  * the excess back. (This once divided by class 0's size of 0.) */
-enum { LATE_THREADS = 80 };
 static pthread_barrier_t warm_barrier, live_barrier;
 static size_t late_before, late_after, late_cap;
 
 static void *fill_alone_then_give_back(void *arg) {
     (void)arg;
-    enum { N = 64 };
-    void *v[N];
     kp_tcache *tc = _kp_tcache_get();
-    static const size_t sizes[] = {4096, 6144, 9216};
-    for (int s = 0; s < 3; s++) {
-        for (int i = 0; i < N; i++) v[i] = kp_malloc(sizes[s]);
-        for (int i = 0; i < N; i++) kp_free(v[i]);
-    }
+    alloc_then_free(4096, 64);
+    alloc_then_free(6144, 64);
+    alloc_then_free(9216, 64);
     late_before = tc->budget_used;
     pthread_barrier_wait(&warm_barrier);      /* now the others start */
     pthread_barrier_wait(&live_barrier);      /* their caches are live */
-    void *w[2 * N];   /* more than the list holds: every round overflows */
-    for (int round = 0; round < 64; round++) {
-        for (int i = 0; i < 2 * N; i++) w[i] = kp_malloc(4096);
-        for (int i = 0; i < 2 * N; i++) kp_free(w[i]);
-    }
+    for (int round = 0; round < 64; round++) alloc_then_free(4096, 128);   /* more than the list holds: each round overflows */
     late_cap = _kp_tcache_budget_cap();
     late_after = tc->budget_used;
     pthread_barrier_wait(&live_barrier);      /* they stay until this is measured */
@@ -151,13 +151,13 @@ static void *hold_a_cache(void *arg) {
 
 static void test_cache_over_its_share_gives_back(void) {
     pthread_barrier_init(&warm_barrier, NULL, 2);
-    pthread_barrier_init(&live_barrier, NULL, LATE_THREADS + 1);
-    pthread_t late, t[LATE_THREADS];
+    pthread_barrier_init(&live_barrier, NULL, MANY_THREADS + 1);
+    pthread_t late, t[MANY_THREADS];
     CHECK_EQ(pthread_create(&late, NULL, fill_alone_then_give_back, NULL), 0);
     pthread_barrier_wait(&warm_barrier);
-    for (int i = 0; i < LATE_THREADS; i++) CHECK_EQ(pthread_create(&t[i], NULL, hold_a_cache, NULL), 0);
+    for (int i = 0; i < MANY_THREADS; i++) CHECK_EQ(pthread_create(&t[i], NULL, hold_a_cache, NULL), 0);
     pthread_join(late, NULL);
-    for (int i = 0; i < LATE_THREADS; i++) pthread_join(t[i], NULL);
+    for (int i = 0; i < MANY_THREADS; i++) pthread_join(t[i], NULL);
     pthread_barrier_destroy(&warm_barrier);
     pthread_barrier_destroy(&live_barrier);
     CHECK(late_before > KP_TCACHE_MIN_BYTES);   /* it was over the share it got later */
