@@ -61,11 +61,18 @@ static int debug_mark(void *p, int alloc, const char *call) {
 static void *uncached_alloc(unsigned cls, size_t size) {
     void *head;
     if (_kp_central_fetch(cls, 1, &head) == 0) return NULL;
-    _kp_tcache_count_uncached(cls, 1, size);
+    _kp_tcache_count_uncached(cls, 1, 1, size);
     return head;
 }
 
 static void *small_alloc_slow(unsigned cls, size_t size) {
+    if (KP_UNLIKELY(cls == 0)) {
+        /* The class tables are all zero until kpool is initialised: this is
+         * a call before kpool's constructor (another library's constructor,
+         * a C++ static initialiser, a preloaded malloc's first caller). */
+        _kp_init();
+        cls = _kp_size_class(size);
+    }
     kp_tcache *tc = _kp_tcache_get();
     void *p;
     if (!tc) {
@@ -137,7 +144,7 @@ static __attribute__((noinline)) void small_free_slow(void *p, unsigned cls, int
     }
     *(void **)p = NULL;
     _kp_central_return(cls, p, 1);
-    _kp_tcache_count_uncached(cls, 0, sized ? requested : _kp_classes[cls].size);
+    _kp_tcache_count_uncached(cls, 0, sized, requested);
 }
 
 /* A full list (the empty cache's lists are full: max 0) goes to the slow
@@ -158,9 +165,12 @@ static inline __attribute__((always_inline)) void small_free(void *p, unsigned c
     small_push(tc, l, p, cls, sized, requested, call);
 }
 
+static inline int small_class_ok(unsigned cls) { return cls - 1u < KP_NUM_CLASSES - 1u; }
+
 /* ---- large blocks ----------------------------------------------------------------- */
 
 static void *large_alloc(size_t size, size_t align) {
+    _kp_init();
     if (size > ((size_t)1 << (KP_ADDRESS_BITS - 1))) {
         errno = ENOMEM;
         return NULL;
@@ -191,22 +201,34 @@ static void large_free_locked(kp_span *s) {
     _kp_pageheap_free_locked(s);
 }
 
+/* What a pointer that is not a live block is, for the error message. */
+static const char *not_live_reason(const void *p, unsigned cls) {
+    if (cls == KP_CLASS_LARGE) return "pointer is inside a large block, not its start";
+    if (cls == KP_CLASS_ARENA) return "pointer belongs to a kp_arena: arenas free their blocks at kp_arena_reset";
+    if (cls != 0 && !small_class_ok(cls)) return "pointer belongs to a kp_pool: free it with kp_pool_free";
+    /* A page kpool once mapped still has a pagemap entry. */
+    if (_kp_pagemap_get((uintptr_t)p >> KP_PAGE_SHIFT))
+        return "double free, or a pointer into memory kpool has taken back (not a live block)";
+    return "pointer was not allocated by kpool";
+}
+
+void (*_kp_foreign_free_hook)(void *p);
+
 /* Free a pointer whose page is not a small span: large, pool, arena, or not
  * kpool's at all. Validated under the page heap lock. */
-static void free_other(void *p, const char *call) {
+static void free_other(void *p, unsigned cls, const char *call) {
     _kp_init();
     kp_lock *lk = _kp_pageheap_lock();
     _kp_lock(lk);
-    kp_span *s = _kp_span_of(p);
-    const char *what = NULL;
-    if (!s) what = "pointer was not allocated by kpool, or was already freed";
-    else if (s->state == KP_SPAN_POOL) what = "pointer belongs to a kp_pool: free it with kp_pool_free";
-    else if (s->state == KP_SPAN_ARENA) what = "pointer belongs to a kp_arena: arenas free their blocks at kp_arena_reset";
-    else if (s->state != KP_SPAN_LARGE) what = "pointer is not a live kpool block";
-    else if ((uintptr_t)p != (s->start << KP_PAGE_SHIFT)) what = "pointer is inside a block, not its start";
-    if (!what) large_free_locked(s);
+    kp_span *s = cls == KP_CLASS_LARGE ? _kp_span_of(p) : NULL;
+    int ok = s && s->state == KP_SPAN_LARGE && (uintptr_t)p == (s->start << KP_PAGE_SHIFT);
+    if (ok) large_free_locked(s);
     _kp_unlock(lk);
-    if (what) _kp_error(call, p, what);
+    if (ok) return;
+    const char *what = not_live_reason(p, cls);
+    void (*hook)(void *) = _kp_foreign_free_hook;
+    if (hook && cls == 0 && !_kp_pagemap_get((uintptr_t)p >> KP_PAGE_SHIFT)) hook(p);
+    else _kp_error(call, p, what);
 }
 
 /* ---- public API ---------------------------------------------------------------------- */
@@ -228,14 +250,12 @@ void *kp_calloc(size_t count, size_t size) {
     return p;
 }
 
-static inline int small_class_ok(unsigned cls) { return cls - 1u < KP_NUM_CLASSES - 1u; }
-
 /* A free whose page is not a small class in the flat map: outside it (no
  * map reserved, or an address above it), large, pool, arena, foreign, NULL. */
 static __attribute__((noinline)) void free_not_flat(void *p, int sized, size_t size, const char *call) {
     unsigned cls = _kp_pagemap_class(p);
     if (small_class_ok(cls)) small_free(p, cls, sized, size, call);
-    else if (p) free_other(p, call);
+    else if (p) free_other(p, cls, call);
 }
 
 void kp_free(void *p) {
@@ -259,73 +279,35 @@ void kp_free_sized(void *p, size_t size) {
     free_not_flat(p, 1, size, "kp_free_sized");
 }
 
+/* The start of the block of class cls that contains p. Lock-free: every
+ * page of a small span maps to it, and a live block's span does not change. */
+static uintptr_t small_block_start(const void *p, unsigned cls) {
+    kp_span *s = _kp_pagemap_get((uintptr_t)p >> KP_PAGE_SHIFT);
+    if (!s) return 0;
+    uintptr_t base = s->start << KP_PAGE_SHIFT;
+    uint64_t off = (uintptr_t)p - base;
+    return base + ((off * _kp_classes[cls].recip) >> 32) * _kp_classes[cls].size;
+}
+
 size_t kp_usable_size(const void *p) {
     unsigned cls = _kp_pagemap_class(p);
-    if (small_class_ok(cls)) return _kp_classes[cls].size;
-    if (!p) return 0;
-    _kp_init();
-    size_t n = 0;
-    _kp_lock(_kp_pageheap_lock());
-    kp_span *s = _kp_span_of(p);
-    if (s && s->state == KP_SPAN_LARGE) n = (s->start + s->npages) * KP_PAGE_SIZE - (uintptr_t)p;
-    else if (s && s->state == KP_SPAN_POOL) n = s->requested;
-    _kp_unlock(_kp_pageheap_lock());
-    return n;
-}
-
-int kp_owns(const void *p) {
-    unsigned cls = _kp_pagemap_class(p);
-    if (cls != 0) return 1;
-    if (!p) return 0;
-    _kp_init();
-    _kp_lock(_kp_pageheap_lock());
-    kp_span *s = _kp_span_of(p);
-    int owned = s && (s->state == KP_SPAN_LARGE || s->state == KP_SPAN_ARENA || s->state == KP_SPAN_POOL);
-    _kp_unlock(_kp_pageheap_lock());
-    return owned;
-}
-
-void *kp_realloc(void *p, size_t size) {
-    if (!p) return kp_malloc(size);
-    if (size == 0) {
-        void *fresh = kp_malloc(0);
-        if (!fresh) return NULL;
-        kp_free(p);
-        return fresh;
-    }
-    unsigned cls = _kp_pagemap_class(p);
-    size_t usable;
-    if (small_class_ok(cls)) {
-        usable = _kp_classes[cls].size;
-        /* Keep the block unless it would waste more than half of it. The old
-         * request is not known: it counts as a free of untold size. */
-        if (size <= usable && (size > usable / 2 || cls == 1)) {
-            kp_tcache *tc = _kp_tcache_mine();
-            if (tc) {
-                KP_STAT_BUMP(tc->lists[cls].requested, size);
-                KP_STAT_BUMP(tc->moves[cls].unsized_frees, 1);
-            }
-            return p;
-        }
-    } else {
-        _kp_init();
+    if (small_class_ok(cls)) return small_block_start(p, cls) == (uintptr_t)p ? _kp_classes[cls].size : 0;
+    if (cls == KP_CLASS_LARGE) {
+        size_t n = 0;
         _kp_lock(_kp_pageheap_lock());
         kp_span *s = _kp_span_of(p);
-        if (!s || s->state != KP_SPAN_LARGE || (uintptr_t)p != (s->start << KP_PAGE_SHIFT)) {
-            _kp_unlock(_kp_pageheap_lock());
-            _kp_error("kp_realloc", p, "pointer is not a live kp_malloc block");
-            errno = EINVAL;
-            return NULL;
-        }
-        usable = s->npages * KP_PAGE_SIZE;
-        if (size <= usable && size > usable / 2) {
-            atomic_fetch_add_explicit(&large_requested, size - s->requested, memory_order_relaxed);
-            s->requested = size;
-            _kp_unlock(_kp_pageheap_lock());
-            return p;
-        }
+        if (s && s->state == KP_SPAN_LARGE && (uintptr_t)p == (s->start << KP_PAGE_SHIFT)) n = s->npages * KP_PAGE_SIZE;
         _kp_unlock(_kp_pageheap_lock());
+        return n;
     }
+    if (cls != 0 && cls != KP_CLASS_ARENA) return _kp_pool_usable_size(p);
+    return 0;
+}
+
+int kp_owns(const void *p) { return _kp_pagemap_class(p) != 0; }
+
+/* Move a block of `usable` bytes at p to a fresh one of size bytes. */
+static void *realloc_move(void *p, size_t usable, size_t size) {
     void *q = kp_malloc(size);
     if (!q) return NULL;
     memcpy(q, p, size < usable ? size : usable);
@@ -333,11 +315,68 @@ void *kp_realloc(void *p, size_t size) {
     return q;
 }
 
+/* kp_realloc(p, 0) of a valid p: p is freed and the unique pointer of
+ * kp_malloc(0) comes back (NULL, p untouched, if that fails). */
+static void *realloc_to_zero(void *p) {
+    void *fresh = kp_malloc(0);
+    if (fresh) kp_free(p);
+    return fresh;
+}
+
+static void *small_realloc(void *p, unsigned cls, size_t size) {
+    if (size == 0) return realloc_to_zero(p);
+    size_t usable = _kp_classes[cls].size;
+    /* Keep the block unless it would waste more than half of it. The old
+     * request is not known: it counts as a free of untold size. */
+    if (size <= usable && (size > usable / 2 || cls == 1)) {
+        kp_tcache *tc = _kp_tcache_mine();
+        if (tc) {
+            KP_STAT_BUMP(tc->lists[cls].requested, size);
+            KP_STAT_BUMP(tc->moves[cls].unsized_frees, 1);
+        }
+        return p;
+    }
+    return realloc_move(p, usable, size);
+}
+
+static void *large_realloc(void *p, size_t size) {
+    _kp_lock(_kp_pageheap_lock());
+    kp_span *s = _kp_span_of(p);
+    if (!s || s->state != KP_SPAN_LARGE || (uintptr_t)p != (s->start << KP_PAGE_SHIFT)) {
+        _kp_unlock(_kp_pageheap_lock());
+        _kp_error("kp_realloc", p, not_live_reason(p, KP_CLASS_LARGE));
+        errno = EINVAL;
+        return NULL;
+    }
+    size_t usable = s->npages * KP_PAGE_SIZE;
+    if (size != 0 && size <= usable && size > usable / 2) {
+        atomic_fetch_add_explicit(&large_requested, size - s->requested, memory_order_relaxed);
+        s->requested = size;
+        _kp_unlock(_kp_pageheap_lock());
+        return p;
+    }
+    _kp_unlock(_kp_pageheap_lock());
+    if (size == 0) return realloc_to_zero(p);
+    return realloc_move(p, usable, size);
+}
+
+void *kp_realloc(void *p, size_t size) {
+    if (!p) return kp_malloc(size);
+    unsigned cls = _kp_pagemap_class(p);
+    if (small_class_ok(cls)) return small_realloc(p, cls, size);
+    if (cls == KP_CLASS_LARGE) return large_realloc(p, size);
+    /* Pools, arenas, freed or foreign memory: nothing happens. */
+    _kp_error("kp_realloc", p, cls == 0 ? "pointer is not a live kp_malloc block" : not_live_reason(p, cls));
+    errno = EINVAL;
+    return NULL;
+}
+
 void *kp_aligned_alloc(size_t alignment, size_t size) {
     if (!_kp_is_pow2(alignment)) {
         errno = EINVAL;
         return NULL;
     }
+    _kp_init();   /* the class search below reads the class table */
     if (alignment <= KP_MIN_ALIGN) return kp_malloc(size);
     if (size <= KP_SMALL_MAX && alignment <= KP_PAGE_SIZE) {
         /* A class whose size is a multiple of the alignment: its objects

@@ -59,10 +59,13 @@ static void init_once_body(void) {
     _kp_sizeclass_init();
     _kp_pageheap_init();
     _kp_tcache_pool_hook = _kp_pool_thread_flush;
+    /* The heap works from here on. pthread_atfork and atexit may call
+     * malloc, which is kpool's own under a preload: such a call must find
+     * kpool ready instead of waiting for this pthread_once to finish. */
+    atomic_store(&_kp_initialized, 1);
     pthread_atfork(fork_prepare, fork_parent, fork_child);
     const char *show = getenv("KPOOL_STATS");
     if (show && *show && *show != '0') atexit(_kp_stats_print_at_exit);
-    atomic_store(&_kp_initialized, 1);
 }
 
 void _kp_init(void) {

@@ -123,15 +123,17 @@ KP_INTERNAL void _kp_meta_fail_next(int n);   /* test hook: the next n metadata 
 /* Lock-free: the span covering page pn, or NULL. */
 static inline kp_span *_kp_pagemap_get(uintptr_t pn);
 /* Lock-free: the class byte of address p's page (a small class 1..128, a
- * pool tag, or 0 if none). */
+ * pool tag, KP_CLASS_LARGE, KP_CLASS_ARENA, or 0 if none). */
 static inline unsigned _kp_pagemap_class(const void *p);
 static inline unsigned _kp_pagemap_class_flat(const void *p);
-/* Reserve the flat class map (init, before any span exists). */
+/* Reserve the flat class map's window (init, before any span exists). */
 KP_INTERNAL void _kp_pagemap_init(void);
 /* REQUIRES page heap lock. 0 on success, -1 when a leaf cannot be mapped. */
 KP_INTERNAL int _kp_pagemap_ensure(uintptr_t pn, size_t npages);
 KP_INTERNAL void _kp_pagemap_set(uintptr_t pn, kp_span *s);
 KP_INTERNAL void _kp_pagemap_set_range(uintptr_t pn, size_t npages, kp_span *s);
+KP_INTERNAL void _kp_pagemap_set_ends(uintptr_t pn, size_t npages, kp_span *s);   /* first and last page */
+KP_INTERNAL size_t _kp_pagemap_bytes(void);   /* bytes mapped for leaves */
 KP_INTERNAL void _kp_pagemap_set_class(uintptr_t pn, size_t npages, unsigned cls);
 /* The in-use span that contains p (validated against stale entries), or NULL. */
 KP_INTERNAL kp_span *_kp_span_of(const void *p);
@@ -197,10 +199,13 @@ KP_INTERNAL kp_tcache *_kp_tcache_get(void);
 KP_INTERNAL void *_kp_tcache_refill(kp_tcache *tc, unsigned cls);   /* one object or NULL */
 KP_INTERNAL void _kp_tcache_overflow(kp_tcache *tc, unsigned cls);  /* list too long */
 KP_INTERNAL size_t _kp_tcache_budget_cap(void);   /* one thread's byte budget now */
+/* 1 if no thread can have a cache (no pthread key could be created). */
+KP_INTERNAL int _kp_tcache_disabled(void);
 KP_INTERNAL void _kp_tcache_flush_all(kp_tcache *tc);          /* size-class lists */
 KP_INTERNAL void _kp_tcache_flush_thread(kp_tcache *tc);       /* lists and pool caches */
-/* Count an allocation or free by a thread that has no cache. */
-KP_INTERNAL void _kp_tcache_count_uncached(unsigned cls, int is_alloc, size_t requested);
+/* Count an allocation or free by a thread that has no cache; `sized`: the
+ * free told its request size. */
+KP_INTERNAL void _kp_tcache_count_uncached(unsigned cls, int is_alloc, int sized, size_t requested);
 /* Set by pool.c: gives a thread's pool caches back (flush, thread exit). */
 KP_INTERNAL extern void (*_kp_tcache_pool_hook)(kp_tcache *tc);
 /* Every thread's counters, exited threads' included. Takes the registry lock. */
@@ -215,6 +220,15 @@ KP_INTERNAL void _kp_tcache_after_fork_child(void);
 
 /* ---- heap.c ------------------------------------------------------------------ */
 KP_INTERNAL void _kp_heap_large_figures(size_t *bytes, size_t *requested, uint64_t *allocs, uint64_t *frees);
+/* Set by a drop-in malloc library: called, instead of the error handler,
+ * for a free of a pointer in memory kpool never mapped (another allocator's
+ * memory, from before kpool was loaded). */
+KP_INTERNAL extern void (*_kp_foreign_free_hook)(void *p);
+
+/* ---- pool.c (for heap.c) --------------------------------------------------- */
+/* kp_usable_size of a pointer on a pool chunk's page: the block size at a
+ * block start, else 0. */
+KP_INTERNAL size_t _kp_pool_usable_size(const void *p);
 
 /* ---- pool.c ------------------------------------------------------------------ */
 KP_INTERNAL void _kp_pools_lock_all(void);
@@ -241,31 +255,32 @@ static inline kp_span *_kp_pagemap_get(uintptr_t pn) {
     return atomic_load_explicit(&leaf->spans[pn & (KP_LEAF_PAGES - 1)], memory_order_acquire);
 }
 
-/* The flat class map: one byte per page of the low 2^KP_CLASSMAP_BITS
- * pages, a copy of the leaves' class bytes, so kp_free finds a class with
- * one compare and one load instead of a radix walk. pages is 0 until the
- * map is reserved (and stays 0 if it cannot be), and every lookup then
- * takes the radix tree. */
+/* The flat class map: one byte per page of a window of `pages` pages from
+ * page number `base` (pagemap.c), so kp_free finds a class with one
+ * subtraction, one compare and one load instead of a radix walk. pages is
+ * 0 until the map is reserved (and stays 0 if it cannot be, or
+ * KPOOL_CLASSMAP_PAGES=0): every lookup then takes the radix tree. */
 typedef struct kp_classmap {
     _Atomic size_t pages;
+    _Atomic uintptr_t base;
     _Atomic uint8_t *bytes;
 } kp_classmap;
 KP_INTERNAL extern kp_classmap _kp_classmap;
 KP_INTERNAL unsigned _kp_pagemap_class_radix(const void *p);
 
-/* The fast paths' lookup: the flat map's byte, or 0 when p is outside it
+/* The fast paths' lookup: the window's byte, or 0 when p is outside it
  * (then the caller's slow path asks _kp_pagemap_class). */
 static inline unsigned _kp_pagemap_class_flat(const void *p) {
-    uintptr_t pn = (uintptr_t)p >> KP_PAGE_SHIFT;
-    if (KP_LIKELY(pn < atomic_load_explicit(&_kp_classmap.pages, memory_order_acquire)))
-        return atomic_load_explicit(&_kp_classmap.bytes[pn], memory_order_relaxed);
+    size_t pages = atomic_load_explicit(&_kp_classmap.pages, memory_order_acquire);
+    uintptr_t idx = ((uintptr_t)p >> KP_PAGE_SHIFT) - atomic_load_explicit(&_kp_classmap.base, memory_order_relaxed);
+    if (KP_LIKELY(idx < pages)) return atomic_load_explicit(&_kp_classmap.bytes[idx], memory_order_relaxed);
     return 0;
 }
 
 static inline unsigned _kp_pagemap_class(const void *p) {
-    uintptr_t pn = (uintptr_t)p >> KP_PAGE_SHIFT;
-    if (KP_LIKELY(pn < atomic_load_explicit(&_kp_classmap.pages, memory_order_acquire)))
-        return atomic_load_explicit(&_kp_classmap.bytes[pn], memory_order_relaxed);
+    size_t pages = atomic_load_explicit(&_kp_classmap.pages, memory_order_acquire);
+    uintptr_t idx = ((uintptr_t)p >> KP_PAGE_SHIFT) - atomic_load_explicit(&_kp_classmap.base, memory_order_relaxed);
+    if (KP_LIKELY(idx < pages)) return atomic_load_explicit(&_kp_classmap.bytes[idx], memory_order_relaxed);
     return _kp_pagemap_class_radix(p);
 }
 

@@ -47,6 +47,8 @@
 #define KP_CLASS_POOL 255                      /* pagemap class byte of a pool chunk (no fast free) */
 #define KP_CLASS_POOL_SLOT0 KP_NUM_CLASSES      /* + slot: a cached pool's chunks (fast free) */
 #define KP_CLASS_NEVER 254                     /* written to no page: "this pool has no fast free" */
+#define KP_CLASS_LARGE 253                     /* every page of a large block */
+#define KP_CLASS_ARENA 252                     /* every page of an arena chunk */
 #define KP_POOL_CHUNK_MIN ((size_t)64 << 10)   /* pool chunks: at least this, 16 blocks, a power of two */
 #define KP_POOL_CHUNK_ALIGNED ((size_t)4 << 20) /* chunks up to here are aligned to their size */
 
@@ -61,7 +63,8 @@ _Static_assert(KP_SMALL_MAX % KP_COARSE_STEP == 0, "coarse lookup covers the sma
 #define KP_LEAF_BITS 18
 #define KP_ROOT_BITS (KP_PAGEMAP_BITS - KP_LEAF_BITS)
 #define KP_LEAF_PAGES ((size_t)1 << KP_LEAF_BITS)
-#define KP_CLASSMAP_BITS (47 - KP_PAGE_SHIFT)  /* flat class map: x86-64's user half (16 GiB reserved) */
+#define KP_CLASSMAP_PAGES ((size_t)1 << 25)     /* flat class map window: 256 GiB of address space, 32 MiB reserved */
+#define KP_CLASSMAP_PAGES_MAX ((size_t)1 << 30)  /* KPOOL_CLASSMAP_PAGES is capped here (1 GiB reserved) */
 
 /* ---- page heap ----------------------------------------------------------- */
 #define KP_EXACT_LISTS 128                     /* free lists for spans of 1..128 pages */
@@ -91,7 +94,7 @@ _Static_assert(KP_TCACHE_MIN_BYTES <= KP_TCACHE_MAX_BYTES, "a thread's budget ra
 #define KP_BATCH_MAX 32
 #define KP_STEAL_TRIES 4                       /* lists a full budget looks at per grow */
 #define KP_POOL_SLOTS 64                       /* pools with a per-thread cache at once */
-_Static_assert(KP_CLASS_POOL_SLOT0 + KP_POOL_SLOTS <= KP_CLASS_NEVER, "pool slot tags fit below the reserved bytes");
+_Static_assert(KP_CLASS_POOL_SLOT0 + KP_POOL_SLOTS <= KP_CLASS_ARENA, "pool slot tags fit below the reserved bytes");
 
 /* ---- locks ----------------------------------------------------------------
  * A mutex that counts acquisitions, contention (the try-lock failed) and the
@@ -228,6 +231,7 @@ typedef struct kp_tcache_totals {
     uint64_t allocs[KP_NUM_CLASSES], frees[KP_NUM_CLASSES], unsized[KP_NUM_CLASSES];
     size_t cached[KP_NUM_CLASSES];  /* free objects in caches now */
     uint64_t tcache_misses, central_fetches, central_returns, requested;
+    uint64_t uncached_ops;          /* allocs and frees by threads without a cache */
     size_t threads;
 } kp_tcache_totals;
 

@@ -193,6 +193,10 @@ static int grow(size_t npages) {
     if (want < step) want = step;
     want = _kp_align_up(want, KP_PAGE_SIZE);
     void *mem = _kp_os_map(want, KP_PAGE_SIZE);
+    if (!mem && want > npages * KP_PAGE_SIZE) {
+        want = npages * KP_PAGE_SIZE;       /* near an address-space limit: only what is needed */
+        mem = _kp_os_map(want, KP_PAGE_SIZE);
+    }
     if (!mem) return -1;
     uintptr_t start = (uintptr_t)mem >> KP_PAGE_SHIFT;
     size_t pages = want >> KP_PAGE_SHIFT;
@@ -255,9 +259,21 @@ static kp_span *alloc_locked(size_t npages, kp_span_state state, int *was_releas
     s->released = 0;
     s->state = (uint8_t)state;
     s->next = s->prev = NULL;
-    _kp_pagemap_set_range(s->start, s->npages, s);
     ph.state_bytes[state] += s->npages * KP_PAGE_SIZE;
     return s;
+}
+
+/* Map an in-use span's pages once its final shape is known: every page of
+ * SMALL and POOL spans (objects and blocks find their span by page), the
+ * ends of the others, whose pages are told by their class byte. The class
+ * bytes of SMALL and POOL spans are their owners' to write. REQUIRES lock. */
+static void publish(kp_span *s) {
+    if (s->state == KP_SPAN_SMALL || s->state == KP_SPAN_POOL) {
+        _kp_pagemap_set_range(s->start, s->npages, s);
+        return;
+    }
+    _kp_pagemap_set_ends(s->start, s->npages, s);
+    _kp_pagemap_set_class(s->start, s->npages, s->state == KP_SPAN_LARGE ? KP_CLASS_LARGE : KP_CLASS_ARENA);
 }
 
 kp_span *_kp_pageheap_alloc(size_t npages, kp_span_state state) {
@@ -267,6 +283,7 @@ kp_span *_kp_pageheap_alloc(size_t npages, kp_span_state state) {
     }
     _kp_lock(&ph.lock);
     kp_span *s = alloc_locked(npages, state, NULL);
+    if (s) publish(s);
     if (s && state == KP_SPAN_LARGE) ph.large_allocs++;
     decay();
     publish_figures();
@@ -304,7 +321,7 @@ kp_span *_kp_pageheap_alloc_aligned(size_t npages, size_t align_pages, kp_span_s
             ph.state_bytes[state] -= (lead + trail) * KP_PAGE_SIZE;
             s->start = aligned;
             s->npages = npages;
-            _kp_pagemap_set_range(s->start, s->npages, s);
+            publish(s);
             if (lead_span) {
                 lead_span->free_since_ms = now;
                 lead_span->released = (uint8_t)was_released;
@@ -332,7 +349,7 @@ void _kp_pageheap_free(kp_span *s) {
 
 void _kp_pageheap_free_locked(kp_span *s) {
     kp_assert(s->state != KP_SPAN_FREE && s->state != KP_SPAN_DEAD);
-    if (s->state == KP_SPAN_SMALL || s->state == KP_SPAN_POOL) _kp_pagemap_set_class(s->start, s->npages, 0);
+    _kp_pagemap_set_class(s->start, s->npages, 0);
     ph.state_bytes[s->state] -= s->npages * KP_PAGE_SIZE;
     s->state = KP_SPAN_FREE;
     s->released = 0;

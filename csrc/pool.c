@@ -328,6 +328,13 @@ static int block_ok(const kp_pool *pool, const void *p) {
     return block_offset_ok(pool, off);
 }
 
+size_t _kp_pool_usable_size(const void *p) {
+    kp_span *s = _kp_pagemap_get((uintptr_t)p >> KP_PAGE_SHIFT);   /* every page of a chunk maps to it */
+    if (!s || s->state != KP_SPAN_POOL || !s->owner) return 0;
+    kp_pool *pool = s->owner;
+    return block_ok(pool, p) ? pool->block_size : 0;
+}
+
 static __attribute__((noinline)) void report_bad_free(kp_pool *pool, void *p) {
     if (kp_owns(p)) _kp_error("kp_pool_free", p, "pointer is not a block of this pool");
     else _kp_error("kp_pool_free", p, "pointer was not allocated by kpool");

@@ -55,7 +55,17 @@ kp_tcache *_kp_registry_next(kp_tcache *tc) {
 }
 
 static void thread_exit(void *arg);
-static void make_key(void) { pthread_key_create(&exit_key, thread_exit); }
+static void destroy_cache(kp_tcache *tc);
+/* 1 once the exit key exists. Without it (the process used up its
+ * PTHREAD_KEYS_MAX keys) no cache could be given back at thread exit, so
+ * every thread runs uncached, through the central lists. */
+static _Atomic int key_ok;
+static void make_key(void) { atomic_store(&key_ok, pthread_key_create(&exit_key, thread_exit) == 0); }
+
+int _kp_tcache_disabled(void) {
+    pthread_once(&key_once, make_key);
+    return !atomic_load(&key_ok);
+}
 
 kp_tcache *_kp_tcache_get(void) {
     kp_tcache *tc = _kp_tcache_mine();
@@ -63,6 +73,7 @@ kp_tcache *_kp_tcache_get(void) {
     if (tls_exited) return NULL;
     _kp_init();
     pthread_once(&key_once, make_key);
+    if (!atomic_load_explicit(&key_ok, memory_order_relaxed)) return NULL;
     tc = _kp_meta_alloc(sizeof(kp_tcache));
     if (!tc) return NULL;
     memset(tc, 0, sizeof *tc);
@@ -74,8 +85,14 @@ kp_tcache *_kp_tcache_get(void) {
     registry.reg_next = tc;
     KP_BUMP(live_caches, 1);
     _kp_unlock(&registry_lock);
-    pthread_setspecific(exit_key, tc);
+    /* The cache is this thread's before pthread_setspecific, which may call
+     * malloc (keys past the first 32), so that call finds it. */
     _kp_tls_tcache = tc;
+    if (pthread_setspecific(exit_key, tc) != 0) {
+        _kp_tls_tcache = &_kp_empty_tcache;
+        destroy_cache(tc);
+        return NULL;
+    }
     return tc;
 }
 
@@ -214,14 +231,16 @@ void _kp_tcache_totals(kp_tcache_totals *out) {
     out->threads = n;
 }
 
-void _kp_tcache_count_uncached(unsigned cls, int is_alloc, size_t requested) {
+void _kp_tcache_count_uncached(unsigned cls, int is_alloc, int sized, size_t requested) {
     _kp_lock(&registry_lock);
+    retired.uncached_ops++;
     if (is_alloc) {
         retired.allocs[cls]++;
         retired.requested += requested;
     } else {
         retired.frees[cls]++;
-        retired.requested -= requested;
+        if (sized) retired.requested -= requested;
+        else retired.unsized[cls]++;     /* as a cached free of untold size: an estimate */
     }
     _kp_unlock(&registry_lock);
 }

@@ -5,6 +5,7 @@
 #include "kp_internal.h"
 
 #include <stdint.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -302,8 +303,49 @@ static void test_memory_goes_back_without_trim(void) {
     CHECK(after <= start + peak / 20 + ((size_t)16 << 20));
 }
 
+/* A process that lowers RLIMIT_AS after kpool started (a service calling
+ * setrlimit, a sandbox, prlimit) keeps a working heap: kpool reserved no
+ * large range of address space up front. In a child, so the limit stays
+ * there. */
+static void test_address_space_limit_set_after_start(void) {
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+    printf("     skipped: a sanitizer reserves terabytes of shadow memory\n");
+    return;
+#endif
+    void *first = kp_malloc(100);
+    CHECK(first != NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        struct rlimit lim = { (rlim_t)1 << 30, (rlim_t)1 << 30 };
+        if (setrlimit(RLIMIT_AS, &lim) != 0) _exit(10);
+        enum { MAX = 64 };
+        void *blocks[MAX];
+        size_t n = 0;
+        while (n < MAX && (blocks[n] = kp_malloc((size_t)32 << 20)) != NULL) n++;
+        if (n == MAX || errno != ENOMEM) _exit(11);        /* the limit stopped it, with ENOMEM */
+        if (n < 16) _exit(12);                             /* over half the limit was usable */
+        void *small = kp_malloc(100);                      /* small blocks still come */
+        if (!small) _exit(13);
+        kp_free(small);
+        for (size_t i = 0; i < n; i++) kp_free(blocks[i]);
+        size_t again = 0;                                  /* and freed memory serves again */
+        while (again < n && (blocks[again] = kp_malloc((size_t)32 << 20)) != NULL) again++;
+        if (again < n) _exit(14);
+        for (size_t i = 0; i < again; i++) kp_free(blocks[i]);
+        printf("     RLIMIT_AS 1 GiB: %zu blocks of 32 MiB, then ENOMEM; all again after freeing\n", n);
+        fflush(stdout);
+        _exit(0);
+    }
+    int status = 0;
+    CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status));
+    CHECK_EQ(WEXITSTATUS(status), 0);
+    kp_free(first);
+}
+
 int main(void) {
     _kp_init();
+    RUN(test_address_space_limit_set_after_start);   /* first: before the other tests map memory */
     RUN(test_malloc_zero_is_unique_and_freeable);
     RUN(test_alignment_of_every_class);
     RUN(test_calloc_overflow_and_huge_sizes);
