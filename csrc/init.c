@@ -12,6 +12,7 @@
 #include "kp_internal.h"
 
 #include <stdlib.h>
+#include <sys/auxv.h>
 
 _Atomic int _kp_initialized;
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
@@ -54,7 +55,17 @@ static void fork_child(void) {
 
 KP_INTERNAL void _kp_pool_thread_flush(kp_tcache *tc);
 
+uint64_t _kp_secret;
+
+static void draw_secret(void) {
+    uint64_t bits[2] = { 0, 0 };
+    const void *random16 = (const void *)getauxval(AT_RANDOM);   /* 16 bytes from the kernel at exec */
+    if (random16) memcpy(bits, random16, sizeof bits);
+    _kp_secret = _kp_mix64(bits[0] ^ _kp_mix64(bits[1] ^ _kp_now_ns() ^ (uintptr_t)&bits));
+}
+
 static void init_once_body(void) {
+    draw_secret();
     _kp_pagemap_init();
     _kp_sizeclass_init();
     _kp_pageheap_init();

@@ -98,6 +98,14 @@ KP_INTERNAL void _kp_init(void);                   /* idempotent, thread-safe */
 KP_INTERNAL extern _Atomic int _kp_initialized;
 KP_INTERNAL void _kp_error(const char *call, const void *ptr, const char *what);
 KP_INTERNAL _Noreturn void _kp_assert_fail(const char *cond, const char *file, int line);
+/* Random bits drawn once per process (the kernel's AT_RANDOM), for
+ * cookies that a program's data must not match by chance. */
+KP_INTERNAL extern uint64_t _kp_secret;
+static inline uint64_t _kp_mix64(uint64_t x) {   /* splitmix64's finaliser */
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9u;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebu;
+    return x ^ (x >> 31);
+}
 
 /* ---- os.c: pages from the OS, metadata ---------------------------------- */
 KP_INTERNAL size_t _kp_os_page_size(void);

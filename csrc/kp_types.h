@@ -204,9 +204,10 @@ typedef struct kp_pool_cache {      /* a thread's cache of one unbounded pool */
     void *head;                     /* blocks freed to this thread */
     _Atomic uint32_t count;
     _Atomic uint64_t allocs;
-    _Atomic uint64_t frees;
     _Atomic uint64_t misses;        /* allocs served by a never-used block */
+    _Atomic uint64_t moved;         /* + blocks taken from the shared stack, - blocks pushed to it (wraps) */
     char *fresh, *fresh_end;        /* blocks carved for this thread, not yet used */
+    /* frees are not counted per operation: frees == allocs - misses + count - moved */
 } kp_pool_cache;
 
 typedef struct kp_thread_counters {  /* per thread; summed on read */

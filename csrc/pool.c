@@ -46,22 +46,27 @@ typedef struct kp_batch {
 #define DESC_BLOCKS 1024            /* at most 256 Ki descriptors per pool */
 
 struct kp_pool {
+    /* read by the fast paths: one cache line */
     uint64_t id;                    /* unique for the process's lifetime */
     int slot;                       /* thread-cache slot, -1 in locked mode */
-    uint32_t batch;                 /* blocks per shared batch */
-    size_t block_size;              /* rounded up to align */
-    size_t align;
-    size_t capacity;                /* 0 = unbounded */
-    uint64_t mod_magic;             /* ceil(2^64 / block_size): divisibility by one multiply */
+    unsigned fast_tag;              /* tag if frees take the fast path, else KP_CLASS_NEVER */
     uintptr_t chunk_mask;           /* chunk_bytes - 1 for aligned chunks, else 0 */
     uint64_t chunk_limit;           /* blocks per chunk * block_size */
+    uint64_t mod_magic;             /* ceil(2^64 / block_size): divisibility by one multiply */
+    uintptr_t cookie;               /* a free block's word 1 holds it (free markers, below) */
+    uint32_t cache_max;             /* a thread's cache longer than this pushes a batch */
+    uint32_t batch;                 /* blocks per shared batch */
+    size_t block_size;              /* rounded up to align */
+    /* the rest */
+    size_t align;
+    size_t capacity;                /* 0 = unbounded */
     unsigned tag;                   /* class byte of its chunks' pages */
-    unsigned fast_tag;              /* tag if frees take the fast path, else KP_CLASS_NEVER */
     _Atomic uint64_t top;           /* shared stack of full batches: tag << 32 | index */
     _Atomic uint64_t spare;         /* stack of empty descriptors, likewise */
     kp_lock lock;
     kp_span chunks;                 /* sentinel: the pool's chunks */
     char *bump, *bump_end;          /* carving cursor in the newest chunk */
+    char *tagged_end;               /* the newest chunk's pages below this carry the tag */
     size_t chunk_bytes;             /* every chunk's size */
     size_t nchunks, mapped;
     void *free_list;                /* locked mode */
@@ -71,6 +76,7 @@ struct kp_pool {
     _Atomic(kp_batch *) desc_blocks[DESC_BLOCKS];   /* written once each, under lock */
     struct kp_pool *list_next, *list_prev;
 };
+_Static_assert(offsetof(struct kp_pool, block_size) + sizeof(size_t) <= KP_CACHELINE, "the fast paths' fields share a line");
 
 static pthread_mutex_t pools_lock = PTHREAD_MUTEX_INITIALIZER;
 static kp_pool pools_list = { .list_next = &pools_list, .list_prev = &pools_list };
@@ -152,9 +158,48 @@ void _kp_pools_reinit_locks(void) {
 
 /* ---- chunks and carving ------------------------------------------------------------- */
 
-/* A new block carved from the current chunk (a new chunk when it is used
- * up), or NULL + ENOMEM. REQUIRES pool lock. */
-static void *carve(kp_pool *pool) {
+/* ---- free markers ---------------------------------------------------------------
+ * A free block (in a cache, the shared stack or the pool's list, or carved
+ * and not yet handed out) holds the pool's cookie in its word 1; handing it
+ * out clears the word. A free of a block that holds the cookie is a double
+ * free, or a slot never handed out: reported before anything is written.
+ * Exact for frees in one thread, or ordered between threads, and always in
+ * locked mode (checked under the pool lock); only a user who stores that
+ * very value (random, one per pool) in word 1 of a live block is mistaken
+ * for a double free. Blocks are at least 16 bytes, so word 1 is the block's.
+ * Relaxed atomics: a racing misuse is a wrong answer, never a data race.
+ * (Mixing the block's address into the marker cost 2% on pool pairs.) */
+static inline void mark_free(const kp_pool *pool, void *p) {
+    __atomic_store_n(&((uintptr_t *)p)[1], pool->cookie, __ATOMIC_RELAXED);
+}
+static inline void mark_live(void *p) { __atomic_store_n(&((uintptr_t *)p)[1], 0, __ATOMIC_RELAXED); }
+static inline int is_free(const kp_pool *pool, const void *p) {
+    return __atomic_load_n(&((const uintptr_t *)p)[1], __ATOMIC_RELAXED) == pool->cookie;
+}
+
+/* Extend the newest chunk's tagged pages to cover [.., end): their class
+ * byte becomes the pool's tag and every block starting on them is marked
+ * free, so a pointer into a slot never handed out is either on an untagged
+ * page (not the pool's) or marked. REQUIRES pool lock. */
+static void tag_through(kp_pool *pool, kp_span *s, char *end) {
+    char *base = (char *)(s->start << KP_PAGE_SHIFT);
+    char *limit = base + s->npages * KP_PAGE_SIZE;
+    char *to = (char *)_kp_align_up((uintptr_t)end, KP_PAGE_SIZE);
+    if (to > limit) to = limit;
+    char *from = pool->tagged_end;
+    if (to <= from) return;
+    size_t first = ((size_t)(from - base) + pool->block_size - 1) / pool->block_size;
+    for (char *q = base + first * pool->block_size; q < to && q < base + pool->chunk_limit; q += pool->block_size)
+        mark_free(pool, q);
+    _kp_pagemap_set_class((uintptr_t)from >> KP_PAGE_SHIFT, (size_t)(to - from) >> KP_PAGE_SHIFT, pool->tag);
+    pool->tagged_end = to;
+}
+
+/* Up to `want` contiguous new blocks (at least one), from the current chunk
+ * or a new one; *got says how many. Runs keep the blocks of different
+ * threads on different cache lines. The blocks are marked free. NULL +
+ * ENOMEM. REQUIRES pool lock. */
+static char *carve_run(kp_pool *pool, uint32_t want, uint32_t *got) {
     if ((size_t)(pool->bump_end - pool->bump) < pool->block_size) {
         size_t npages = (pool->chunk_bytes + KP_PAGE_SIZE - 1) >> KP_PAGE_SHIFT;
         size_t align = pool->chunk_mask ? pool->chunk_bytes : pool->align;
@@ -168,39 +213,23 @@ static void *carve(kp_pool *pool) {
         s->requested = pool->block_size;
         s->capacity = (uint32_t)(pool->chunk_limit / pool->block_size);
         s->carved = 0;
-        _kp_pagemap_set_class(s->start, s->npages, pool->tag);
         s->next = pool->chunks.next;
         s->prev = &pool->chunks;
         pool->chunks.next->prev = s;
         pool->chunks.next = s;
         pool->nchunks++;
         pool->mapped += s->npages * KP_PAGE_SIZE;
-        pool->bump = (char *)(s->start << KP_PAGE_SHIFT);
+        pool->bump = pool->tagged_end = (char *)(s->start << KP_PAGE_SHIFT);
         pool->bump_end = pool->bump + pool->chunk_limit;
     }
-    void *p = pool->bump;
-    pool->bump += pool->block_size;
+    char *p = pool->bump;
+    size_t room = (size_t)(pool->bump_end - p) / pool->block_size;
+    uint32_t n = want < room ? want : (uint32_t)room;
+    pool->bump += (size_t)n * pool->block_size;
     kp_span *s = _kp_pagemap_get((uintptr_t)p >> KP_PAGE_SHIFT);
-    s->carved++;
-    KP_BUMP(pool->carved, 1);
-    return p;
-}
-
-/* Up to `want` contiguous new blocks (at least one) for a thread's cache, so
- * that blocks of different threads do not share cache lines; *got says how
- * many. NULL + ENOMEM. REQUIRES pool lock. */
-static char *carve_run(kp_pool *pool, uint32_t want, uint32_t *got) {
-    char *p = carve(pool);
-    if (!p) return NULL;
-    uint32_t n = 1;
-    size_t room = (size_t)(pool->bump_end - pool->bump) / pool->block_size;
-    size_t more = want - 1 < room ? want - 1 : room;
-    if (more) {
-        pool->bump += more * pool->block_size;
-        _kp_pagemap_get((uintptr_t)p >> KP_PAGE_SHIFT)->carved += (uint32_t)more;
-        KP_BUMP(pool->carved, more);
-        n += (uint32_t)more;
-    }
+    s->carved += n;
+    KP_BUMP(pool->carved, n);
+    tag_through(pool, s, pool->bump);
     *got = n;
     return p;
 }
@@ -211,7 +240,7 @@ static void release_chunk(kp_pool *pool, kp_span *s) {
     pool->nchunks--;
     pool->mapped -= s->npages * KP_PAGE_SIZE;
     char *base = (char *)(s->start << KP_PAGE_SHIFT);
-    if (pool->bump >= base && pool->bump <= base + s->npages * KP_PAGE_SIZE) pool->bump = pool->bump_end = NULL;
+    if (pool->bump >= base && pool->bump <= base + s->npages * KP_PAGE_SIZE) pool->bump = pool->bump_end = pool->tagged_end = NULL;
     _kp_pageheap_free(s);
 }
 
@@ -233,8 +262,10 @@ kp_pool *kp_pool_create(size_t block_size, size_t align, size_t capacity) {
     pool->align = align;
     pool->capacity = capacity;
     pool->mod_magic = UINT64_MAX / pool->block_size + 1;
+    pool->cookie = (uintptr_t)_kp_mix64(_kp_secret ^ (uintptr_t)pool) | 1;   /* never 0, a live block's mark */
     size_t batch = 65536 / pool->block_size;
     pool->batch = (uint32_t)(batch < 4 ? 4 : batch > 64 ? 64 : batch);
+    pool->cache_max = 2 * pool->batch;
     /* A chunk holds at least 16 blocks and 64 KiB, rounded up to a power of
      * two and aligned to it, up to KP_POOL_CHUNK_ALIGNED; larger blocks get
      * chunks of max(4 MiB, one block) found through their span. */
@@ -277,6 +308,7 @@ kp_pool *kp_pool_create(size_t block_size, size_t align, size_t capacity) {
 }
 
 static void sum_caches(kp_pool *pool, uint64_t *allocs, uint64_t *frees, uint64_t *misses, size_t *cached);
+static size_t live_now(kp_pool *pool, uint64_t allocs, uint64_t frees);
 
 void kp_pool_destroy(kp_pool *pool) {
     if (!pool) return;
@@ -335,6 +367,10 @@ size_t _kp_pool_usable_size(const void *p) {
     return block_ok(pool, p) ? pool->block_size : 0;
 }
 
+static __attribute__((noinline)) void report_not_live(void *p) {
+    _kp_error("kp_pool_free", p, "double free, or a block never handed out (block is not live)");
+}
+
 static __attribute__((noinline)) void report_bad_free(kp_pool *pool, void *p) {
     if (kp_owns(p)) _kp_error("kp_pool_free", p, "pointer is not a block of this pool");
     else _kp_error("kp_pool_free", p, "pointer was not allocated by kpool");
@@ -343,6 +379,7 @@ static __attribute__((noinline)) void report_bad_free(kp_pool *pool, void *p) {
 
 /* Put free block p on the pool's own list. REQUIRES pool lock. */
 static void free_list_push(kp_pool *pool, void *p) {
+    mark_free(pool, p);
     *(void **)p = pool->free_list;
     pool->free_list = p;
     pool->free_count++;
@@ -368,13 +405,15 @@ static __attribute__((noinline)) void *locked_alloc(kp_pool *pool) {
         errno = ENOBUFS;
         return NULL;
     } else {
-        p = carve(pool);
+        uint32_t got;
+        p = carve_run(pool, 1, &got);
         if (!p) {
             _kp_unlock(&pool->lock);
             return NULL;
         }
         KP_BUMP(pool->misses, 1);
     }
+    mark_live(p);
     pool->live++;
     if (pool->live > pool->high_water) pool->high_water = pool->live;
     KP_BUMP(pool->allocs, 1);
@@ -384,9 +423,9 @@ static __attribute__((noinline)) void *locked_alloc(kp_pool *pool) {
 
 static __attribute__((noinline)) void locked_free(kp_pool *pool, void *p) {
     _kp_lock(&pool->lock);
-    if (pool->free_list == p || pool->live == 0) {
+    if (is_free(pool, p) || pool->live == 0) {
         _kp_unlock(&pool->lock);
-        _kp_error("kp_pool_free", p, "double free (block is not live)");
+        report_not_live(p);
         return;
     }
     free_list_push(pool, p);
@@ -401,10 +440,15 @@ static __attribute__((noinline)) void claim_cache(kp_pool_cache *pc, uint64_t id
     pc->head = NULL;
     KP_STORE(pc->count, 0);
     KP_STORE(pc->allocs, 0);
-    KP_STORE(pc->frees, 0);
     KP_STORE(pc->misses, 0);
+    KP_STORE(pc->moved, 0);
     pc->fresh = pc->fresh_end = NULL;
     KP_STORE(pc->pool_id, id);
+}
+
+/* The frees a cache has seen (kp_types.h: they are not counted one by one). */
+static uint64_t cache_frees(kp_pool_cache *pc) {
+    return KP_LOAD(pc->allocs) - KP_LOAD(pc->misses) + KP_LOAD(pc->count) - KP_LOAD(pc->moved);
 }
 
 /* This thread's cache for pool, claimed if its slot held a dead pool's. */
@@ -423,6 +467,7 @@ static __attribute__((noinline)) int push_batch(kp_pool *pool, kp_pool_cache *pc
     pc->head = *(void **)last;
     *(void **)last = NULL;
     KP_STORE(pc->count, KP_LOAD(pc->count) - n);
+    KP_DROP(pc->moved, n);
     b->head = head;
     b->count = n;
     stack_push(pool, &pool->top, b);
@@ -435,7 +480,7 @@ static void note_high_water(kp_pool *pool, size_t pending) {
     uint64_t allocs, frees, misses;
     size_t cached;
     sum_caches(pool, &allocs, &frees, &misses, &cached);
-    size_t live = (size_t)(allocs - frees) + pending;
+    size_t live = live_now(pool, allocs + pending, frees);
     if (live > pool->high_water) pool->high_water = live;
 }
 
@@ -449,6 +494,7 @@ static __attribute__((noinline)) void *cached_alloc_slow(kp_pool *pool) {
         if (b) {
             pc->head = b->head;
             KP_STORE(pc->count, b->count);
+            KP_BUMP(pc->moved, b->count);
             stack_push(pool, &pool->spare, b);
             p = pc->head;
         }
@@ -473,13 +519,14 @@ static __attribute__((noinline)) void *cached_alloc_slow(kp_pool *pool) {
                 p = run;
                 pc->fresh = run + pool->block_size;
                 pc->fresh_end = run + (size_t)got * pool->block_size;
+                note_high_water(pool, 1);    /* before the miss is counted: frees are derived from it */
                 KP_BUMP(pc->misses, 1);
-                note_high_water(pool, 1);
             }
         }
         _kp_unlock(&pool->lock);
         if (!p) return NULL;
     }
+    mark_live(p);
     KP_BUMP(pc->allocs, 1);
     return p;
 }
@@ -494,6 +541,7 @@ void *kp_pool_alloc(kp_pool *pool) {
     void *p = pc->head;
     if (KP_LIKELY(p != NULL && KP_LOAD(pc->pool_id) == pool->id)) {
         pc->head = *(void **)p;
+        mark_live(p);
         KP_BUMP(pc->count, -1);
         KP_BUMP(pc->allocs, 1);
         return p;
@@ -502,11 +550,12 @@ void *kp_pool_alloc(kp_pool *pool) {
 }
 
 static inline __attribute__((always_inline)) void cached_push(kp_pool *pool, kp_pool_cache *pc, void *p) {
+    mark_free(pool, p);
     *(void **)p = pc->head;
     pc->head = p;
-    KP_BUMP(pc->count, 1);
-    KP_BUMP(pc->frees, 1);
-    if (KP_UNLIKELY(KP_LOAD(pc->count) > 2 * pool->batch)) (void)push_batch(pool, pc, pool->batch);
+    uint32_t n = KP_LOAD(pc->count) + 1;
+    KP_STORE(pc->count, n);
+    if (KP_UNLIKELY(n > pool->cache_max)) (void)push_batch(pool, pc, pool->batch);
 }
 
 /* Everything but the common case: bad pointers, locked mode, a thread
@@ -524,17 +573,20 @@ static __attribute__((noinline)) void pool_free_slow(kp_pool *pool, void *p) {
     kp_tcache *tc = _kp_tcache_get();
     if (!tc) {                     /* thread exiting: the pool's own list */
         _kp_lock(&pool->lock);
-        free_list_push(pool, p);
-        KP_BUMP(pool->frees, 1);
+        int not_live = is_free(pool, p);
+        if (!not_live) {
+            free_list_push(pool, p);
+            KP_BUMP(pool->frees, 1);
+        }
         _kp_unlock(&pool->lock);
+        if (not_live) report_not_live(p);
         return;
     }
-    kp_pool_cache *pc = cache_of(tc, pool);
-    if (pc->head == p) {
-        _kp_error("kp_pool_free", p, "double free (block is already at the head of this thread's cache)");
+    if (is_free(pool, p)) {
+        report_not_live(p);
         return;
     }
-    cached_push(pool, pc, p);
+    cached_push(pool, cache_of(tc, pool), p);
 }
 
 void kp_pool_free(kp_pool *pool, void *p) {
@@ -544,7 +596,7 @@ void kp_pool_free(kp_pool *pool, void *p) {
         unsigned tag = _kp_pagemap_class_flat(p);
         if (KP_LIKELY(tag == pool->fast_tag && block_offset_ok(pool, (uintptr_t)p & pool->chunk_mask))) {
             kp_pool_cache *pc = &_kp_tls_tcache->pools[tag - KP_CLASS_POOL_SLOT0];
-            if (KP_LIKELY(KP_LOAD(pc->pool_id) == pool->id && pc->head != p)) {
+            if (KP_LIKELY(KP_LOAD(pc->pool_id) == pool->id && !is_free(pool, p))) {
                 cached_push(pool, pc, p);
                 return;
             }
@@ -565,7 +617,7 @@ void _kp_pool_thread_flush(kp_tcache *tc) {
         if (pool && pool->id == id) {
             _kp_lock(&pool->lock);
             KP_BUMP(pool->allocs, KP_LOAD(pc->allocs));
-            KP_BUMP(pool->frees, KP_LOAD(pc->frees));
+            KP_BUMP(pool->frees, cache_frees(pc));
             KP_BUMP(pool->misses, KP_LOAD(pc->misses));
             KP_STORE(pc->pool_id, 0);
             give_fresh(pool, pc);
@@ -598,11 +650,22 @@ static void sum_caches(kp_pool *pool, uint64_t *allocs, uint64_t *frees, uint64_
         kp_pool_cache *pc = &tc->pools[pool->slot];
         if (KP_LOAD(pc->pool_id) != pool->id) continue;
         *allocs += KP_LOAD(pc->allocs);
-        *frees += KP_LOAD(pc->frees);
+        *frees += cache_frees(pc);
         *misses += KP_LOAD(pc->misses);
         *cached += KP_LOAD(pc->count);
     }
     _kp_registry_unlock();
+}
+
+/* Blocks live now, from counters that other threads move while they are
+ * summed (a block freed by another thread than its allocator can be seen
+ * freed and not yet allocated): never below 0 nor above the blocks ever
+ * carved. REQUIRES pool lock. */
+static size_t live_now(kp_pool *pool, uint64_t allocs, uint64_t frees) {
+    if (pool->slot < 0) return pool->live;
+    uint64_t carved = KP_LOAD(pool->carved);
+    uint64_t live = allocs > frees ? allocs - frees : 0;
+    return (size_t)(live < carved ? live : carved);
 }
 
 int kp_pool_stats_get(kp_pool *pool, kp_pool_stats *out) {
@@ -614,7 +677,7 @@ int kp_pool_stats_get(kp_pool *pool, kp_pool_stats *out) {
     size_t cached;
     _kp_lock(&pool->lock);
     sum_caches(pool, &allocs, &frees, &misses, &cached);
-    size_t live = pool->slot < 0 ? pool->live : (size_t)(allocs - frees);
+    size_t live = live_now(pool, allocs, frees);
     if (live > pool->high_water) pool->high_water = live;
     out->allocs = allocs;
     out->frees = frees;
@@ -643,11 +706,9 @@ size_t kp_pool_block_size(const kp_pool *pool) { return pool ? pool->block_size 
 
 int kp_pool_owns(kp_pool *pool, const void *p) {
     if (!pool || !p || !block_ok(pool, p)) return 0;
-    if (pool->slot >= 0) return 1;   /* cached mode: a free block cannot be told apart cheaply */
-    _kp_lock(&pool->lock);
-    int live = 1;
-    for (void *f = pool->free_list; f; f = *(void **)f)
-        if (f == p) { live = 0; break; }
+    if (pool->slot >= 0) return !is_free(pool, p);
+    _kp_lock(&pool->lock);            /* locked mode: exact against frees racing with this call */
+    int live = !is_free(pool, p);
     _kp_unlock(&pool->lock);
     return live;
 }
@@ -679,9 +740,15 @@ size_t kp_pool_trim(kp_pool *pool) {
     }
     /* count free blocks per chunk in span->allocated (unused for chunks) */
     for (kp_span *s = pool->chunks.next; s != &pool->chunks; s = s->next) s->allocated = 0;
-    for (void *p = pool->free_list; p; p = *(void **)p)
+    size_t listed = 0;
+    for (void *p = pool->free_list; p && listed <= pool->free_count; p = *(void **)p, listed++)
         _kp_pagemap_get((uintptr_t)p >> KP_PAGE_SHIFT)->allocated++;
     size_t released = 0;
+    if (listed != pool->free_count) {     /* a list damaged by a racing misuse: keep every chunk */
+        _kp_unlock(&pool->lock);
+        _kp_error("kp_pool_trim", pool, "the pool's free list is damaged (blocks freed twice at once?)");
+        return 0;
+    }
     void **link = &pool->free_list;
     while (*link) {
         void *p = *link;

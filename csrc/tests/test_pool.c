@@ -3,6 +3,9 @@
 #include "check.h"
 #include "kp_internal.h"
 
+#include <signal.h>
+#include <unistd.h>
+
 static int handler_calls;
 static void record_handler(const char *call, const void *ptr, const char *what) {
     handler_calls++;
@@ -178,6 +181,159 @@ static void test_misuse_reaches_the_handler(void) {
     kp_set_error_handler(NULL);
 }
 
+/* The three ways a pool runs: cached (unbounded, a thread-cache slot),
+ * locked because every slot is taken, and bounded (locked, exact capacity). */
+enum { MODE_CACHED, MODE_LOCKED, MODE_BOUNDED, MODES };
+static const char *mode_name[MODES] = { "cached", "locked (no slot left)", "bounded" };
+static kp_pool *slot_hogs[KP_POOL_SLOTS];
+
+static kp_pool *pool_in_mode(int mode, size_t block, size_t cap) {
+    if (mode != MODE_LOCKED) return kp_pool_create(block, 0, mode == MODE_BOUNDED ? cap : 0);
+    for (int i = 0; i < KP_POOL_SLOTS; i++) slot_hogs[i] = kp_pool_create(16, 0, 0);
+    kp_pool *pool = kp_pool_create(block, 0, 0);
+    for (int i = 0; i < KP_POOL_SLOTS; i++) kp_pool_destroy(slot_hogs[i]);
+    return pool;
+}
+
+static void on_alarm(int sig) {
+    (void)sig;
+    static const char msg[] = "FAIL: a pool call did not return (a cyclic free list?)\n";
+    if (write(2, msg, sizeof msg - 1) < 0) {}
+    _exit(1);
+}
+
+static void *free_one(void *arg) {
+    void **a = arg;
+    kp_pool_free(a[0], a[1]);
+    return NULL;
+}
+
+/* Frees that are not of a live block are reported and change nothing: a
+ * double free that is not the last free (a, b, a), one ordered across
+ * threads, and slots that were never handed out (the rest of this thread's
+ * run, the uncarved rest of the chunk). Afterwards no block comes out twice,
+ * a bounded pool's capacity is still exact, and owns/trim return. */
+static void test_frees_of_blocks_that_are_not_live(void) {
+    kp_set_error_handler(record_handler);
+    signal(SIGALRM, on_alarm);
+    alarm(20);
+    for (int mode = 0; mode < MODES; mode++) {
+        check_test = mode_name[mode];
+        kp_pool *pool = pool_in_mode(mode, 64, 3);
+        size_t bs = kp_pool_block_size(pool);
+        char *a = kp_pool_alloc(pool), *b = kp_pool_alloc(pool);
+        CHECK(a && b && a != b);
+        handler_calls = 0;
+        kp_pool_free(pool, a);
+        kp_pool_free(pool, b);
+        kp_pool_free(pool, a);                      /* a, b, a */
+        CHECK_EQ(handler_calls, 1);
+        CHECK_EQ(kp_pool_owns(pool, a), 0);         /* free blocks are not live */
+        char *x = kp_pool_alloc(pool), *y = kp_pool_alloc(pool), *z = kp_pool_alloc(pool);
+        CHECK(x && y && z && x != y && y != z && x != z);
+        CHECK(kp_pool_owns(pool, x) && kp_pool_owns(pool, y) && kp_pool_owns(pool, z));
+        if (mode == MODE_BOUNDED) {
+            errno = 0;
+            CHECK(kp_pool_alloc(pool) == NULL);     /* capacity 3, exact after misuse */
+            CHECK_EQ(errno, ENOBUFS);
+        }
+        /* slots never handed out: the next ones after the newest block, and
+         * the chunk's far end */
+        char *newest = x > y ? (x > z ? x : z) : (y > z ? y : z);
+        handler_calls = 0;
+        kp_pool_free(pool, newest + bs);
+        kp_pool_free(pool, newest + 2 * bs);
+        kp_pool_free(pool, newest + 900 * bs);
+        CHECK_EQ(handler_calls, 3);
+        CHECK_EQ(kp_pool_owns(pool, newest + bs), 0);
+        kp_pool_stats st = { .struct_size = sizeof st };
+        CHECK_EQ(kp_pool_stats_get(pool, &st), 0);
+        CHECK_EQ(st.live, 3);
+        /* a double free ordered across threads */
+        kp_pool_free(pool, x);
+        void *args[2] = { pool, x };
+        pthread_t t;
+        handler_calls = 0;
+        pthread_create(&t, NULL, free_one, args);
+        pthread_join(t, NULL);
+        CHECK_EQ(handler_calls, 1);
+        kp_pool_free(pool, y);
+        kp_pool_free(pool, z);
+        CHECK_EQ(kp_pool_stats_get(pool, &st), 0);
+        CHECK_EQ(st.live, 0);
+        kp_pool_trim(pool);                         /* returns: the lists are intact */
+        void *again[3];
+        for (int i = 0; i < 3; i++) CHECK((again[i] = kp_pool_alloc(pool)) != NULL);
+        CHECK(again[0] != again[1] && again[1] != again[2] && again[0] != again[2]);
+        for (int i = 0; i < 3; i++) kp_pool_free(pool, again[i]);
+        kp_pool_destroy(pool);
+    }
+    check_test = "test_frees_of_blocks_that_are_not_live";
+    alarm(0);
+    kp_set_error_handler(NULL);
+}
+
+enum { RING = 256 };
+typedef struct {
+    kp_pool *pool;
+    void *ring[RING];
+    _Atomic unsigned head, tail;
+    _Atomic int done;
+    int ops;
+} stats_race;
+
+static void *race_allocator(void *arg) {
+    stats_race *r = arg;
+    for (int i = 0; i < r->ops; i++) {
+        void *p = kp_pool_alloc(r->pool);
+        while (atomic_load(&r->head) - atomic_load(&r->tail) == RING) {}
+        r->ring[atomic_load(&r->head) % RING] = p;
+        atomic_fetch_add(&r->head, 1);
+    }
+    atomic_store(&r->done, 1);
+    return NULL;
+}
+
+static void *race_freer(void *arg) {
+    stats_race *r = arg;
+    for (;;) {
+        unsigned t = atomic_load(&r->tail);
+        if (t == atomic_load(&r->head)) {
+            if (atomic_load(&r->done) && t == atomic_load(&r->head)) break;
+            continue;
+        }
+        kp_pool_free(r->pool, r->ring[t % RING]);
+        atomic_store(&r->tail, t + 1);
+    }
+    return NULL;
+}
+
+/* Blocks allocated by one thread and freed by another while a third reads
+ * the stats: live and high_water stay within what can be live (never a
+ * wrapped negative, never above the blocks the chunks hold). */
+static void test_stats_while_threads_allocate_and_free(void) {
+    stats_race r = { .pool = kp_pool_create(64, 0, 0), .ops = 300000 };
+    pthread_t a, f;
+    pthread_create(&a, NULL, race_allocator, &r);
+    pthread_create(&f, NULL, race_freer, &r);
+    int bad = 0, reads = 0;
+    while (!atomic_load(&r.done) || atomic_load(&r.tail) != atomic_load(&r.head)) {
+        kp_pool_stats st = { .struct_size = sizeof st };
+        kp_pool_stats_get(r.pool, &st);
+        size_t can_live = st.bytes_mapped / st.block_size;
+        if (st.live > can_live || st.high_water > can_live || st.live > st.allocs) bad++;
+        reads++;
+    }
+    pthread_join(a, NULL);
+    pthread_join(f, NULL);
+    kp_pool_stats st = { .struct_size = sizeof st };
+    kp_pool_stats_get(r.pool, &st);
+    printf("     %d stats reads while %d blocks moved between threads; high water %zu\n", reads, r.ops, st.high_water);
+    CHECK_EQ(bad, 0);
+    CHECK(st.high_water <= st.bytes_mapped / st.block_size);
+    kp_pool_destroy(r.pool);
+}
+
 static void test_trim_and_destroy_give_memory_back(void) {
     kp_stats before = { .struct_size = sizeof before }, after = { .struct_size = sizeof after };
     kp_stats_get(&before);
@@ -239,6 +395,8 @@ int main(void) {
     RUN(test_capacity_is_never_exceeded_across_threads);
     RUN(test_blocks_freed_by_other_threads_come_back);
     RUN(test_misuse_reaches_the_handler);
+    RUN(test_frees_of_blocks_that_are_not_live);
+    RUN(test_stats_while_threads_allocate_and_free);
     RUN(test_trim_and_destroy_give_memory_back);
     RUN(test_destroyed_pool_caches_are_not_reused);
     return DONE();
