@@ -512,6 +512,7 @@ static __attribute__((noinline)) void *cached_alloc_slow(kp_pool *pool) {
         if (p) {
             pool->free_list = *(void **)p;
             pool->free_count--;
+            KP_BUMP(pc->moved, 1);   /* as if it came through the cache's list */
         } else {
             uint32_t got = 0;
             char *run = carve_run(pool, pool->batch, &got);

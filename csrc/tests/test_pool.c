@@ -136,6 +136,10 @@ static void test_blocks_freed_by_other_threads_come_back(void) {
         pthread_t t;
         pthread_create(&t, NULL, free_others, &x);
         pthread_join(t, NULL);   /* the exited thread's cache went back to the pool */
+        kp_pool_stats st = { .struct_size = sizeof st };
+        kp_pool_stats_get(pool, &st);
+        CHECK_EQ(st.allocs, (uint64_t)(round + 1) * N);
+        CHECK_EQ(st.frees, st.allocs);      /* every free counted once */
     }
     kp_pool_stats st = { .struct_size = sizeof st };
     kp_pool_stats_get(pool, &st);
