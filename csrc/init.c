@@ -4,8 +4,9 @@
  * the KPOOL_STATS=1 exit report, and route detected misuse to one handler.
  * fork(): the prepare handler takes every lock in the documented order
  * (kp_internal.h), so the child starts with consistent lists; the child
- * re-initialises the locks and gives back the caches of the threads that do
- * not exist in it, so it can allocate and free at once.
+ * releases them (its thread is the one that took them) and gives back the
+ * caches of the threads that do not exist in it, so it can allocate and
+ * free at once.
  * Calls: every layer's init; tcache and pool for fork.
  * Locks: all of them, only in the fork handlers.
  */
@@ -41,13 +42,11 @@ static void fork_parent(void) {
     _kp_stats_fork_unlock();
 }
 
+/* The child's one thread is the one that forked, and it holds every lock
+ * (fork_prepare): it releases them as the parent does, then gives back the
+ * caches of the threads that did not come along. */
 static void fork_child(void) {
-    _kp_lock_init(_kp_meta_lock());
-    _kp_lock_init(_kp_pageheap_lock());
-    for (unsigned c = 0; c < KP_NUM_CLASSES; c++) _kp_lock_init(&_kp_central(c)->lock);
-    _kp_lock_init(_kp_registry_lock_ptr());
-    _kp_pools_reinit_locks();
-    _kp_stats_fork_reinit();
+    fork_parent();
     _kp_tcache_after_fork_child();
 }
 

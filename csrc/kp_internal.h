@@ -241,13 +241,11 @@ KP_INTERNAL size_t _kp_pool_usable_size(const void *p);
 /* ---- pool.c ------------------------------------------------------------------ */
 KP_INTERNAL void _kp_pools_lock_all(void);
 KP_INTERNAL void _kp_pools_unlock_all(void);
-KP_INTERNAL void _kp_pools_reinit_locks(void);
 
 /* ---- stats.c ----------------------------------------------------------------- */
 KP_INTERNAL void _kp_stats_print_at_exit(void);
 KP_INTERNAL void _kp_stats_fork_lock(void);
 KP_INTERNAL void _kp_stats_fork_unlock(void);
-KP_INTERNAL void _kp_stats_fork_reinit(void);
 
 /* ---- pagemap inline bodies ---------------------------------------------------- */
 typedef struct kp_pagemap_leaf {

@@ -151,11 +151,6 @@ void _kp_pools_unlock_all(void) {
     pthread_mutex_unlock(&pools_lock);
 }
 
-void _kp_pools_reinit_locks(void) {
-    pthread_mutex_init(&pools_lock, NULL);
-    for (kp_pool *p = pools_list.list_next; p != &pools_list; p = p->list_next) _kp_lock_init(&p->lock);
-}
-
 /* ---- chunks and carving ------------------------------------------------------------- */
 
 /* ---- free markers ---------------------------------------------------------------

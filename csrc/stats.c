@@ -37,7 +37,6 @@ static counters baseline;   /* under baseline_lock */
 /* fork: the baseline lock comes first in the order (init.c takes it first). */
 void _kp_stats_fork_lock(void) { pthread_mutex_lock(&baseline_lock); }
 void _kp_stats_fork_unlock(void) { pthread_mutex_unlock(&baseline_lock); }
-void _kp_stats_fork_reinit(void) { pthread_mutex_init(&baseline_lock, NULL); }
 
 static void add_lock(counters *c, kp_lock *l) {
     c->lock_acquires += KP_LOAD(l->acquires);
@@ -93,7 +92,10 @@ int kp_stats_get(kp_stats *out) {
         kp_central *c = _kp_central(k);
         int64_t live = (int64_t)(now.t.allocs[k] - now.t.frees[k]);
         cs->size = ci->size;
-        cs->in_use = live > 0 ? (size_t)live : 0;
+        /* Counters of other threads move while they are summed: keep the
+         * figure within what the class's spans can hold. */
+        size_t can_live = KP_LOAD(c->spans) * (size_t)ci->objects;
+        cs->in_use = live <= 0 ? 0 : (size_t)live < can_live ? (size_t)live : can_live;
         cs->free_in_tcaches = now.t.cached[k];
         cs->free_in_central = KP_LOAD(c->free_objects);
         cs->spans = KP_LOAD(c->spans);
@@ -119,7 +121,7 @@ int kp_stats_get(kp_stats *out) {
     st->bytes_free_tcaches = free_tc;
     st->bytes_free_central = free_central;
     st->bytes_free_pageheap = ph.free_bytes;
-    st->bytes_metadata = _kp_meta_bytes();
+    st->bytes_metadata = _kp_meta_bytes() + _kp_pagemap_bytes();
     st->largest_free_span = ph.largest_free;
     st->bytes_small_spans = ph.state_bytes[KP_SPAN_SMALL];
     st->bytes_span_waste = st->bytes_small_spans > capacity_bytes ? st->bytes_small_spans - capacity_bytes : 0;
@@ -140,6 +142,8 @@ int kp_stats_get(kp_stats *out) {
     st->lock_contended = since(now.lock_contended, base.lock_contended);
     st->lock_wait_ns = since(now.lock_wait_ns, base.lock_wait_ns);
     st->os_releases = since(now.os_releases, base.os_releases);
+    st->uncached_ops = since(now.t.uncached_ops, base.t.uncached_ops);
+    st->tcaches_unavailable = (uint32_t)_kp_tcache_disabled();
 
     st->internal_fragmentation =
         st->bytes_in_use ? 1.0 - (double)st->bytes_requested / (double)st->bytes_in_use : 0.0;
@@ -201,9 +205,10 @@ void kp_stats_print(FILE *out) {
     fprintf(out, "allocs %llu, frees %llu, thread-cache hits %.2f%%, central fetches %llu, returns %llu\n",
             (unsigned long long)st.allocs, (unsigned long long)st.frees, hit,
             (unsigned long long)st.central_fetches, (unsigned long long)st.central_returns);
-    fprintf(out, "page heap grows %llu, large allocs %llu, OS releases %llu, threads %zu\n",
+    fprintf(out, "page heap grows %llu, large allocs %llu, OS releases %llu, threads %zu, uncached ops %llu%s\n",
             (unsigned long long)st.pageheap_grows, (unsigned long long)st.large_allocs,
-            (unsigned long long)st.os_releases, st.threads);
+            (unsigned long long)st.os_releases, st.threads, (unsigned long long)st.uncached_ops,
+            st.tcaches_unavailable ? " (thread caches unavailable: no pthread key)" : "");
     fprintf(out, "locks: %llu acquired, %llu contended, %.3f ms waiting\n", (unsigned long long)st.lock_acquires,
             (unsigned long long)st.lock_contended, (double)st.lock_wait_ns / 1e6);
     fprintf(out, "%8s %10s %10s %10s %12s %12s %6s\n", "class", "in use", "central", "tcaches", "allocs", "frees", "spans");

@@ -306,3 +306,12 @@ def test_bytes_in_use_helper_consistent():
     assert bytes_in_use() >= a + 12345
     b.release()
     assert bytes_in_use() == a
+
+
+def test_stats_says_whether_thread_caches_are_available():
+    """uncached_ops counts calls served without a thread cache;
+    tcaches_unavailable is False unless the process ran out of pthread keys
+    (the C test test_nokeys covers that case)."""
+    s = kpool.stats()
+    assert s["tcaches_unavailable"] is False
+    assert isinstance(s["uncached_ops"], int) and s["uncached_ops"] >= 0

@@ -8,10 +8,38 @@
  *   ENOMEM  out of memory, or a size so large it cannot be represented;
  *   EINVAL  a bad argument (alignment not a power of two, block size 0, ...);
  *   ENOBUFS a bounded pool is at its capacity.
- * Misuse that kpool detects (freeing a pointer it never gave out, a double
- * free where detectable, a pointer given to the wrong pool) goes to the error
- * handler, which by default prints a message naming the call and the address
- * and aborts.
+ * Misuse that kpool detects goes to the error handler (kp_set_error_handler),
+ * which by default prints a message naming the call and the address and
+ * aborts; a handler that returns makes the call do nothing. A release build
+ * detects:
+ *   - a free or realloc of a pointer kpool never mapped (stack, static data,
+ *     another allocator's memory);
+ *   - a large block (over 256 KiB) freed twice, or through a pointer inside
+ *     it;
+ *   - a pool, arena or large block given to a call that is not its own
+ *     (kp_free of a pool block, kp_realloc of an arena block, ...);
+ *   - a small block freed twice in a row by one thread;
+ *   - every kp_pool_free of anything but a live block of that pool.
+ * Only a KP_DEBUG build also detects, for small blocks (256 KiB or less): a
+ * double free that is not the thread's last free of that size, a pointer
+ * inside a block, a slot of a span that was never handed out, and
+ * kp_free_sized with a size larger than the block. A release build accepts
+ * those silently, and later allocations may overlap.
+ *
+ * Start-up: every function works from the first call, also before kpool's
+ * own constructor has run (from another library's constructor, a C++
+ * static initialiser, a preloaded malloc's first caller); the first call
+ * initialises kpool, once, thread-safely.
+ *
+ * Address space: kpool reserves 32 MiB of address space for its class map
+ * (resident only where written) and maps the rest as it is used, so a
+ * process that lowers RLIMIT_AS after start-up keeps allocating up to its
+ * limit. KPOOL_CLASSMAP_PAGES=N sets the map's size in pages (0: none; every
+ * lookup then walks a radix tree, a little slower).
+ *
+ * Thread keys: kpool needs one pthread key. In a process that has used all
+ * PTHREAD_KEYS_MAX keys, threads run without caches (every call goes to the
+ * shared lists), and kp_stats says so (tcaches_unavailable).
  *
  * Alignment: every block is aligned to at least 16 bytes; a block whose size
  * class is a power of two up to the page size (8 KiB) is aligned to that size.
@@ -59,23 +87,31 @@ KP_API void *kp_malloc(size_t size);
 KP_API void *kp_calloc(size_t count, size_t size);
 /* kp_realloc(NULL, n) is kp_malloc(n). kp_realloc(p, 0) frees p and returns
  * a fresh unique pointer, as kp_malloc(0) would (never NULL on success); on
- * failure it returns NULL and p is left untouched. */
+ * failure it returns NULL and p is left untouched. A p that is not a live
+ * block of kp_malloc and friends (a pool or arena block, freed or foreign
+ * memory) reaches the error handler; if that returns, kp_realloc returns
+ * NULL with errno EINVAL and nothing is freed or allocated, also for size 0. */
 KP_API void *kp_realloc(void *p, size_t size);
 /* alignment must be a power of two (else NULL, errno EINVAL); any power of
  * two up to 1 GiB works. size need not be a multiple of alignment. */
 KP_API void *kp_aligned_alloc(size_t alignment, size_t size);
 /* NULL is a no-op. */
 KP_API void kp_free(void *p);
-/* C23 free_sized: size is the size that was requested for p (any value
- * between the requested size and kp_usable_size(p) is accepted). */
+/* C23 free_sized: size is the size that was requested for p, and
+ * kp_stats' bytes_requested goes down by it. A size up to kp_usable_size(p)
+ * still frees the block correctly, but then bytes_requested goes down by
+ * more than p added to it. */
 KP_API void kp_free_sized(void *p, size_t size);
-/* Bytes usable at p (>= the size requested); 0 for NULL or a pointer kpool
- * does not own. */
+/* For the start of a live block of kp_malloc and friends or of a pool: the
+ * bytes usable there (>= the size requested; a pool's block size). For
+ * anything else (NULL, a pointer inside a block, an arena block, memory
+ * kpool does not own) 0. */
 KP_API size_t kp_usable_size(const void *p);
 /* 1 if p lies inside a block that kpool has handed out and not yet taken
- * back to its page heap (interior pointers too), else 0. A small block that
- * was freed answers 1 until its span of pages is given back; a pointer kpool
- * never mapped (stack, glibc's malloc, static data) always answers 0. */
+ * back to its page heap (interior pointers too; pool and arena blocks too),
+ * else 0. One lock-free load. A small block that was freed answers 1 until
+ * its span of pages is given back; a pointer kpool never mapped (stack,
+ * glibc's malloc, static data) always answers 0. */
 KP_API int kp_owns(const void *p);
 /* Give this thread's cached free blocks back to the shared lists. */
 KP_API void kp_thread_flush(void);
@@ -102,15 +138,21 @@ typedef struct kp_pool kp_pool;
 KP_API kp_pool *kp_pool_create(size_t block_size, size_t align, size_t capacity);
 /* NULL when exhausted (errno ENOBUFS) or out of memory (errno ENOMEM). */
 KP_API void *kp_pool_alloc(kp_pool *pool);
-/* p must be a live block of pool; anything else reaches the error handler
- * and leaves the pool intact. NULL is a no-op. */
+/* p must be a live block of pool; anything else (another pool's block, a
+ * pointer inside a block, a block already freed, even long ago, a slot never
+ * handed out, foreign memory) reaches the error handler and leaves the pool
+ * intact: its capacity stays exact and no block is handed out twice. This is
+ * exact for frees in one thread or ordered between threads, and in bounded
+ * pools always; two threads freeing one block of an unbounded pool at the
+ * same instant may both be accepted. A free block's second word holds a
+ * random per-pool marker: a live block whose second word the program set to
+ * that very value would be taken for a free one. NULL is a no-op. */
 KP_API void kp_pool_free(kp_pool *pool, void *p);
 KP_API void kp_pool_destroy(kp_pool *pool);
 /* The block size rounded up to the pool's alignment. */
 KP_API size_t kp_pool_block_size(const kp_pool *pool);
-/* 1 if p is a block of pool. Exact (live blocks only) for bounded pools,
- * under the pool's lock; for unbounded pools, whose free blocks sit in
- * thread caches, 1 for any block of the pool's chunks. */
+/* 1 if p is a live block of pool (handed out and not freed), else 0. O(1);
+ * in bounded pools under the pool's lock. */
 KP_API int kp_pool_owns(kp_pool *pool, const void *p);
 /* Give the memory of wholly idle chunks back; bytes released. */
 KP_API size_t kp_pool_trim(kp_pool *pool);
@@ -124,10 +166,14 @@ typedef struct kp_pool_stats {
                                  new blocks a batch at a time for each thread) */
     uint64_t exhausted;       /* allocs refused at capacity (ENOBUFS) */
     uint64_t capacity_waits;  /* waits for a free block, noted by kp_pool_note_wait */
-    size_t live;              /* blocks live now */
+    size_t live;              /* blocks live now: exact for bounded pools; for
+                                 unbounded ones summed from counters that other
+                                 threads move meanwhile, kept within [0, blocks
+                                 carved] */
     size_t high_water;        /* most blocks live at once: exact for bounded pools;
                                  for unbounded ones the most seen when a block was
-                                 carved or stats were read (misses bounds it above) */
+                                 carved or stats were read (never above the
+                                 blocks carved) */
     size_t capacity;          /* 0 = unbounded */
     size_t block_size;
     size_t bytes_mapped;      /* bytes of chunks held by the pool */
@@ -160,7 +206,7 @@ KP_API size_t kp_arena_reserved(const kp_arena *arena);  /* bytes of chunks held
 /* ------------------------------------------------------------------------
  * Statistics
  * ---------------------------------------------------------------------- */
-#define KP_STATS_VERSION 1
+#define KP_STATS_VERSION 2
 #define KP_STATS_MAX_CLASSES 160
 
 typedef struct kp_class_stats {
@@ -179,14 +225,20 @@ typedef struct kp_stats {
     uint32_t enabled;         /* 0 when the library was built without counters */
     /* gauges */
     size_t bytes_in_use;      /* class sizes of live blocks, pages of live large blocks */
-    size_t bytes_requested;   /* bytes requested for live blocks */
-    int    requested_exact;   /* 1 while every free since start told its size */
+    size_t bytes_requested;   /* bytes requested for live blocks; a free that does
+                                 not tell its size counts as its class size */
+    int    requested_exact;   /* 1 while every free since start told its size
+                                 (kp_free_sized with the requested size keeps the
+                                 figure exact; kp_free and an in-place kp_realloc
+                                 of a small block turn it 0) */
     size_t bytes_mapped;      /* bytes of address space mapped for the heap */
     size_t bytes_released;    /* of those, not resident: given back to the OS, or never touched */
     size_t bytes_free_tcaches;   /* free bytes in thread caches */
     size_t bytes_free_central;   /* free bytes in central lists (carved spans) */
     size_t bytes_free_pageheap;  /* free bytes in page-heap spans, not released */
-    size_t bytes_metadata;       /* bytes mapped for kpool's own bookkeeping (not in bytes_mapped) */
+    size_t bytes_metadata;       /* bytes mapped for kpool's own bookkeeping (span, cache
+                                    and pool structs, the pagemap's leaves; not in
+                                    bytes_mapped, nor the class map's reservation) */
     size_t bytes_small_spans;    /* bytes of spans carved into size classes */
     size_t bytes_span_waste;     /* of those, tail bytes no object fits in */
     size_t bytes_large;          /* bytes of spans holding one large block each */
@@ -216,6 +268,12 @@ typedef struct kp_stats {
                                        largest free request, over free bytes held */
     size_t nclasses;
     kp_class_stats classes[KP_STATS_MAX_CLASSES];
+    /* version 2 */
+    uint64_t uncached_ops;       /* allocs and frees served without a thread cache
+                                    (threads exiting, or thread caches unavailable) */
+    uint32_t tcaches_unavailable;  /* 1 if no pthread key could be made for kpool
+                                      (the process used all PTHREAD_KEYS_MAX): every
+                                      thread then runs uncached, through the shared lists */
 } kp_stats;
 
 /* 0 on success; -1 with errno EINVAL if out is NULL or out->struct_size is

@@ -10,13 +10,13 @@
 #include <unistd.h>
 
 static int handler_calls;
-static const char *handler_call;
+static const char *handler_call, *handler_what;
 static const void *handler_ptr;
 static void record_handler(const char *call, const void *ptr, const char *what) {
     handler_calls++;
     handler_call = call;
     handler_ptr = ptr;
-    (void)what;
+    handler_what = what;
 }
 
 static void test_malloc_zero_is_unique_and_freeable(void) {
@@ -140,6 +140,93 @@ static void test_usable_size_and_owns(void) {
     CHECK(kp_usable_size(big) >= 300000);
     kp_free(big);
     CHECK(!kp_owns(big));        /* its span went back to the page heap */
+}
+
+/* One rule: a live block's start gives its usable bytes, anything else 0. */
+static void test_usable_size_rule(void) {
+    char *small = kp_malloc(100), *large = kp_malloc(300000);
+    CHECK_EQ(kp_usable_size(small), 112);
+    CHECK_EQ(kp_usable_size(small + 1), 0);
+    CHECK_EQ(kp_usable_size(small + 50), 0);
+    CHECK(kp_usable_size(large) >= 300000);
+    CHECK_EQ(kp_usable_size(large + 8192), 0);
+    CHECK_EQ(kp_usable_size(large + 100), 0);
+    kp_pool *pool = kp_pool_create(100, 0, 0);
+    char *pb = kp_pool_alloc(pool);
+    CHECK_EQ(kp_usable_size(pb), kp_pool_block_size(pool));
+    CHECK_EQ(kp_usable_size(pb + 16), 0);
+    kp_arena *arena = kp_arena_create(0);
+    char *ab = kp_arena_alloc(arena, 100, 0);
+    CHECK(kp_owns(ab) && kp_owns(ab + 99));       /* kpool's memory ... */
+    CHECK_EQ(kp_usable_size(ab), 0);             /* ... but arena blocks have no size of their own */
+    kp_arena_destroy(arena);
+    kp_pool_free(pool, pb);
+    kp_pool_destroy(pool);
+    kp_free(small);
+    kp_free(large);
+}
+
+/* kp_realloc of what is not a live heap block: the handler, then nothing. */
+static void test_realloc_of_a_non_block_does_nothing(void) {
+    kp_set_error_handler(record_handler);
+    int local;
+    kp_stats a = { .struct_size = sizeof a }, b = { .struct_size = sizeof b };
+    kp_stats_get(&a);
+    handler_calls = 0;
+    errno = 0;
+    CHECK(kp_realloc(&local, 0) == NULL);
+    CHECK_EQ(errno, EINVAL);
+    errno = 0;
+    CHECK(kp_realloc(&local, 100) == NULL);
+    CHECK_EQ(errno, EINVAL);
+    void *big = kp_malloc(1 << 20);
+    kp_free(big);
+    CHECK(kp_realloc(big, 0) == NULL);           /* a freed large block */
+    CHECK_EQ(handler_calls, 3);
+    kp_stats_get(&b);
+    CHECK_EQ(b.allocs - a.allocs, 1);            /* only the kp_malloc above */
+    CHECK_EQ(b.bytes_in_use, a.bytes_in_use);
+    kp_set_error_handler(NULL);
+}
+
+/* A large double free is told apart from a pointer kpool never mapped. */
+static void test_large_double_free_has_its_own_message(void) {
+    kp_set_error_handler(record_handler);
+    void *big = kp_malloc(1 << 20);
+    kp_free(big);
+    kp_free(big);
+    const char *twice = handler_what;
+    int local;
+    kp_free(&local);
+    const char *foreign = handler_what;
+    CHECK(twice && foreign && strcmp(twice, foreign) != 0);
+    CHECK(twice && strstr(twice, "double free") != NULL);
+    CHECK(foreign && strstr(foreign, "not allocated by kpool") != NULL);
+    kp_set_error_handler(NULL);
+}
+
+/* What only a KP_DEBUG build detects for small blocks (kpool.h). */
+static void test_debug_build_detects_small_block_misuse(void) {
+    if (!KP_DEBUG) {
+        printf("     skipped: a release build does not detect these (kpool.h)\n");
+        return;
+    }
+    kp_set_error_handler(record_handler);
+    handler_calls = 0;
+    char *a = kp_malloc(48), *b = kp_malloc(48);
+    kp_free(a);
+    kp_free(b);
+    kp_free(a);                                  /* not consecutive */
+    CHECK_EQ(handler_calls, 1);
+    char *c = kp_malloc(48);
+    kp_free(c + 16);                             /* inside a block */
+    CHECK_EQ(handler_calls, 2);
+    kp_free(c);
+    char *d = kp_malloc(3000);
+    kp_free(d + 3008 * 2);                       /* a slot of the span not handed out */
+    CHECK_EQ(handler_calls, 3);
+    kp_free(d);
+    kp_set_error_handler(NULL);
 }
 
 static void test_misuse_reaches_the_handler(void) {
@@ -354,6 +441,10 @@ int main(void) {
     RUN(test_realloc_in_place_keeps_requested_bytes);
     RUN(test_usable_size_and_owns);
     RUN(test_misuse_reaches_the_handler);
+    RUN(test_usable_size_rule);
+    RUN(test_realloc_of_a_non_block_does_nothing);
+    RUN(test_large_double_free_has_its_own_message);
+    RUN(test_debug_build_detects_small_block_misuse);
     RUN(test_map_failure_then_recovery);
     RUN(test_large_block_with_an_uncarved_span);
     RUN(test_fork_while_threads_allocate);

@@ -3,6 +3,9 @@
 #include "check.h"
 #include "kp_internal.h"
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 static kp_stats snap(void) {
     kp_stats st = { .struct_size = sizeof st };
     CHECK_EQ(kp_stats_get(&st), 0);
@@ -56,8 +59,109 @@ static void test_counts_and_gauges(void) {
     kp_free(big);
 }
 
+static pthread_key_t late_key;
+/* Runs after kpool's own key destructor (keys are destroyed in the order
+ * they were made): the thread's cache is gone. */
+static void late_destructor(void *p) { kp_free(p); }
+static void *thread_frees_after_its_cache_is_gone(void *arg) {
+    (void)arg;
+    pthread_setspecific(late_key, kp_malloc(40));
+    return NULL;
+}
+
+/* In a child, so that the rest of this program keeps exact figures. */
+static void test_unsized_free_without_a_cache_is_an_estimate(void) {
+    pid_t pid = fork();
+    if (pid == 0) {
+        kp_stats a = snap();
+        if (a.requested_exact != 1 || a.tcaches_unavailable != 0) _exit(10);   /* every free so far told its size */
+        if (pthread_key_create(&late_key, late_destructor) != 0) _exit(11);    /* made after kpool's key */
+        pthread_t t;
+        pthread_create(&t, NULL, thread_frees_after_its_cache_is_gone, NULL);
+        pthread_join(t, NULL);
+        kp_stats b = snap();
+        if (b.requested_exact != 0) _exit(12);
+        if (b.uncached_ops < a.uncached_ops + 1) _exit(13);
+        _exit(check_failed ? 14 : 0);
+    }
+    int status = 0;
+    CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status));
+    CHECK_EQ(WEXITSTATUS(status), 0);
+}
+
+/* The pagemap's leaves are kpool's bookkeeping too. */
+static void test_metadata_counts_the_pagemap(void) {
+    void *p = kp_malloc(100);
+    kp_stats s = snap();
+    CHECK(s.bytes_metadata >= sizeof(kp_pagemap_leaf));
+    CHECK(s.bytes_metadata >= _kp_meta_bytes() + _kp_pagemap_bytes());
+    kp_free_sized(p, 100);
+}
+
+enum { RING = 512 };
+typedef struct {
+    void *ring[RING];
+    size_t size[RING];
+    _Atomic unsigned head, tail;
+    _Atomic int done;
+} heap_race;
+
+static void *race_alloc(void *arg) {
+    heap_race *r = arg;
+    for (int i = 0; i < 400000; i++) {
+        size_t n = 16 + (size_t)(i % 7) * 48;
+        void *p = kp_malloc(n);
+        while (atomic_load(&r->head) - atomic_load(&r->tail) == RING) {}
+        r->ring[atomic_load(&r->head) % RING] = p;
+        r->size[atomic_load(&r->head) % RING] = n;
+        atomic_fetch_add(&r->head, 1);
+    }
+    atomic_store(&r->done, 1);
+    return NULL;
+}
+
+static void *race_free(void *arg) {
+    heap_race *r = arg;
+    for (;;) {
+        unsigned t = atomic_load(&r->tail);
+        if (t == atomic_load(&r->head)) {
+            if (atomic_load(&r->done) && t == atomic_load(&r->head)) break;
+            continue;
+        }
+        kp_free_sized(r->ring[t % RING], r->size[t % RING]);   /* sized: the figures stay exact */
+        atomic_store(&r->tail, t + 1);
+    }
+    return NULL;
+}
+
+/* A reader beside a thread that allocates and one that frees what it
+ * allocated: no figure wraps or exceeds what can be live. */
+static void test_stats_read_while_threads_move_blocks(void) {
+    static heap_race r;
+    pthread_t a, f;
+    pthread_create(&a, NULL, race_alloc, &r);
+    pthread_create(&f, NULL, race_free, &r);
+    int bad = 0, reads = 0;
+    while (!atomic_load(&r.done) || atomic_load(&r.tail) != atomic_load(&r.head)) {
+        kp_stats s = snap();
+        size_t small_live = 0;
+        for (size_t k = 0; k < s.nclasses; k++) {
+            if (s.classes[k].in_use > s.classes[k].spans * _kp_classes[k + 1].objects) bad++;
+            small_live += s.classes[k].in_use * s.classes[k].size;
+        }
+        if (small_live > s.bytes_small_spans || s.bytes_requested > s.bytes_in_use) bad++;
+        reads++;
+    }
+    pthread_join(a, NULL);
+    pthread_join(f, NULL);
+    printf("     %d reads while 400000 blocks moved between two threads\n", reads);
+    CHECK_EQ(bad, 0);
+}
+
 static void test_requested_and_internal_fragmentation(void) {
     kp_stats a = snap();
+    CHECK_EQ(a.requested_exact, 1);     /* every free so far told its size */
     void *v[100];
     for (int i = 0; i < 100; i++) v[i] = kp_malloc(17);     /* class 32: half wasted */
     kp_stats b = snap();
@@ -172,6 +276,9 @@ int main(void) {
     _kp_init();
     RUN(test_versioned_struct);
     RUN(test_counts_and_gauges);
+    RUN(test_unsized_free_without_a_cache_is_an_estimate);
+    RUN(test_metadata_counts_the_pagemap);
+    RUN(test_stats_read_while_threads_move_blocks);
     RUN(test_requested_and_internal_fragmentation);
     RUN(test_reset_zeroes_events_not_gauges);
     RUN(test_lock_contention_is_counted);
