@@ -18,17 +18,6 @@
  */
 #include "kp_internal.h"
 
-/* Large-block figures, updated on the slow path. */
-static _Atomic size_t large_bytes, large_requested;
-static _Atomic uint64_t large_allocs, large_frees;
-
-void _kp_heap_large_figures(size_t *bytes, size_t *requested, uint64_t *allocs, uint64_t *frees) {
-    *bytes = atomic_load_explicit(&large_bytes, memory_order_relaxed);
-    *requested = atomic_load_explicit(&large_requested, memory_order_relaxed);
-    *allocs = atomic_load_explicit(&large_allocs, memory_order_relaxed);
-    *frees = atomic_load_explicit(&large_frees, memory_order_relaxed);
-}
-
 /* ---- debug live bits --------------------------------------------------------- */
 #if KP_DEBUG
 static int debug_mark(void *p, int alloc, const char *call) {
@@ -169,7 +158,9 @@ static inline int small_class_ok(unsigned cls) { return cls - 1u < KP_NUM_CLASSE
 
 /* ---- large blocks ----------------------------------------------------------------- */
 
-static void *large_alloc(size_t size, size_t align) {
+/* A large block of size bytes aligned to align; *zeroed (if not NULL) says
+ * its pages read as zero. NULL + ENOMEM. */
+static void *large_alloc(size_t size, size_t align, int *zeroed) {
     _kp_init();
     if (size > ((size_t)1 << (KP_ADDRESS_BITS - 1))) {
         errno = ENOMEM;
@@ -178,27 +169,22 @@ static void *large_alloc(size_t size, size_t align) {
     size_t npages = (size + KP_PAGE_SIZE - 1) >> KP_PAGE_SHIFT;
     if (npages == 0) npages = 1;
     size_t align_pages = align > KP_PAGE_SIZE ? align >> KP_PAGE_SHIFT : 1;
-    kp_span *s = _kp_pageheap_alloc_aligned(npages, align_pages, KP_SPAN_LARGE);
+    int fresh = 0;
+    kp_span *s = _kp_pageheap_large_alloc(npages, align_pages, size, &fresh);
     if (!s) {
         errno = ENOMEM;
         return NULL;
     }
-    s->requested = size;
-    /* s->npages, not npages: without metadata for the rest, the page heap
-     * hands out a whole free span, and the free gives all of it back. */
-    atomic_fetch_add_explicit(&large_bytes, s->npages * KP_PAGE_SIZE, memory_order_relaxed);
-    atomic_fetch_add_explicit(&large_requested, size, memory_order_relaxed);
-    atomic_fetch_add_explicit(&large_allocs, 1, memory_order_relaxed);
+    if (zeroed) *zeroed = fresh;
     return (void *)(s->start << KP_PAGE_SHIFT);
 }
 
-/* REQUIRES page heap lock: validation and release happen under one hold,
- * so two threads freeing the same block cannot both pass the check. */
-static void large_free_locked(kp_span *s) {
-    atomic_fetch_sub_explicit(&large_bytes, s->npages * KP_PAGE_SIZE, memory_order_relaxed);
-    atomic_fetch_sub_explicit(&large_requested, s->requested, memory_order_relaxed);
-    atomic_fetch_add_explicit(&large_frees, 1, memory_order_relaxed);
-    _kp_pageheap_free_locked(s);
+/* The live large block that starts at p, or NULL. REQUIRES page heap lock:
+ * validation and what follows happen under one hold, so two threads freeing
+ * the same block cannot both pass the check. */
+static kp_span *large_span_locked(const void *p) {
+    kp_span *s = _kp_span_of(p);
+    return s && s->state == KP_SPAN_LARGE && (uintptr_t)p == (s->start << KP_PAGE_SHIFT) ? s : NULL;
 }
 
 /* What a pointer that is not a live block is, for the error message. */
@@ -220,9 +206,9 @@ static void free_other(void *p, unsigned cls, const char *call) {
     _kp_init();
     kp_lock *lk = _kp_pageheap_lock();
     _kp_lock(lk);
-    kp_span *s = cls == KP_CLASS_LARGE ? _kp_span_of(p) : NULL;
-    int ok = s && s->state == KP_SPAN_LARGE && (uintptr_t)p == (s->start << KP_PAGE_SHIFT);
-    if (ok) large_free_locked(s);
+    kp_span *s = cls == KP_CLASS_LARGE ? large_span_locked(p) : NULL;
+    int ok = s != NULL;
+    if (ok) _kp_pageheap_large_free_locked(s);
     _kp_unlock(lk);
     if (ok) return;
     const char *what = not_live_reason(p, cls);
@@ -236,7 +222,7 @@ static void free_other(void *p, unsigned cls, const char *call) {
 void *kp_malloc(size_t size) {
     if (KP_LIKELY(size <= KP_FINE_MAX)) return small_alloc(_kp_class_fine[(size + KP_FINE_STEP - 1) / KP_FINE_STEP], size);
     if (size <= KP_SMALL_MAX) return small_alloc(_kp_class_coarse[(size + KP_COARSE_STEP - 1) / KP_COARSE_STEP], size);
-    return large_alloc(size, KP_PAGE_SIZE);
+    return large_alloc(size, KP_PAGE_SIZE, NULL);
 }
 
 void *kp_calloc(size_t count, size_t size) {
@@ -244,6 +230,14 @@ void *kp_calloc(size_t count, size_t size) {
     if (__builtin_mul_overflow(count, size, &total)) {
         errno = ENOMEM;
         return NULL;
+    }
+    if (total > KP_SMALL_MAX) {
+        /* Pages fresh from the OS, or given back with MADV_DONTNEED, are
+         * zero already: writing them would only make them resident. */
+        int zeroed = 0;
+        void *p = large_alloc(total, KP_PAGE_SIZE, &zeroed);
+        if (p && !zeroed) memset(p, 0, total);
+        return p;
     }
     void *p = kp_malloc(total);
     if (p) memset(p, 0, total);
@@ -293,10 +287,9 @@ size_t kp_usable_size(const void *p) {
     unsigned cls = _kp_pagemap_class(p);
     if (small_class_ok(cls)) return small_block_start(p, cls) == (uintptr_t)p ? _kp_classes[cls].size : 0;
     if (cls == KP_CLASS_LARGE) {
-        size_t n = 0;
         _kp_lock(_kp_pageheap_lock());
-        kp_span *s = _kp_span_of(p);
-        if (s && s->state == KP_SPAN_LARGE && (uintptr_t)p == (s->start << KP_PAGE_SHIFT)) n = s->npages * KP_PAGE_SIZE;
+        kp_span *s = large_span_locked(p);
+        size_t n = s ? s->npages * KP_PAGE_SIZE : 0;
         _kp_unlock(_kp_pageheap_lock());
         return n;
     }
@@ -339,24 +332,37 @@ static void *small_realloc(void *p, unsigned cls, size_t size) {
     return realloc_move(p, usable, size);
 }
 
+/* A large block changes size without a copy: it keeps its pages while the
+ * new size wastes at most half of them, else shrinks in place; it grows into
+ * the free pages after it, or its pages move (mremap) to a range with room
+ * to spare (half again), so growing step by step is not quadratic. A copy
+ * happens only if the move fails, or the block becomes small. */
 static void *large_realloc(void *p, size_t size) {
-    _kp_lock(_kp_pageheap_lock());
-    kp_span *s = _kp_span_of(p);
-    if (!s || s->state != KP_SPAN_LARGE || (uintptr_t)p != (s->start << KP_PAGE_SHIFT)) {
-        _kp_unlock(_kp_pageheap_lock());
+    kp_lock *lk = _kp_pageheap_lock();
+    _kp_lock(lk);
+    kp_span *s = large_span_locked(p);
+    if (!s) {
+        _kp_unlock(lk);
         _kp_error("kp_realloc", p, not_live_reason(p, KP_CLASS_LARGE));
         errno = EINVAL;
         return NULL;
     }
     size_t usable = s->npages * KP_PAGE_SIZE;
-    if (size != 0 && size <= usable && size > usable / 2) {
-        atomic_fetch_add_explicit(&large_requested, size - s->requested, memory_order_relaxed);
-        s->requested = size;
-        _kp_unlock(_kp_pageheap_lock());
-        return p;
+    size_t npages = (size + KP_PAGE_SIZE - 1) >> KP_PAGE_SHIFT;
+    int kept = size != 0 && npages <= s->npages && npages > s->npages / 2;
+    if (!kept && size <= KP_SMALL_MAX) {      /* a small block now, or none */
+        _kp_unlock(lk);
+        return size == 0 ? realloc_to_zero(p) : realloc_move(p, usable, size);
     }
-    _kp_unlock(_kp_pageheap_lock());
-    if (size == 0) return realloc_to_zero(p);
+    if (!kept) kept = _kp_pageheap_large_resize_locked(s, npages) == 0;
+    if (!kept && npages > s->npages) kept = _kp_pageheap_large_move_locked(s, npages + npages / 2) == 0;
+    if (kept) {
+        _kp_pageheap_large_requested_locked(s, size);
+        void *at = (void *)(s->start << KP_PAGE_SHIFT);
+        _kp_unlock(lk);
+        return at;
+    }
+    _kp_unlock(lk);
     return realloc_move(p, usable, size);
 }
 
@@ -392,7 +398,7 @@ void *kp_aligned_alloc(size_t alignment, size_t size) {
         errno = ENOMEM;
         return NULL;
     }
-    return large_alloc(size ? size : 1, alignment);
+    return large_alloc(size ? size : 1, alignment, NULL);
 }
 
 void kp_thread_flush(void) {

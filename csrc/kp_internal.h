@@ -115,6 +115,10 @@ KP_INTERNAL void _kp_os_unmap(void *p, size_t size);
 /* Give pages back; they read as zero afterwards. 0 on success. */
 KP_INTERNAL int _kp_os_release(void *p, size_t size);
 KP_INTERNAL void _kp_os_hint_huge(void *p, size_t size);
+/* Move the pages of [old, old + old_size) to dst, a mapping of new_size
+ * bytes that they replace (mremap); the old range is unmapped. 0, or -1
+ * with nothing changed. Subject to the test hook. */
+KP_INTERNAL int _kp_os_move(void *old, size_t old_size, size_t new_size, void *dst);
 /* Reserve size bytes of zero pages that are charged only when written
  * (MAP_NORESERVE, no huge pages); NULL when the address space is not there.
  * Not subject to the test hook. */
@@ -155,14 +159,25 @@ KP_INTERNAL kp_span *_kp_pageheap_alloc(size_t npages, kp_span_state state);
 KP_INTERNAL kp_span *_kp_pageheap_alloc_aligned(size_t npages, size_t align_pages, kp_span_state state);
 KP_INTERNAL void _kp_pageheap_free(kp_span *s);
 KP_INTERNAL void _kp_pageheap_free_locked(kp_span *s);   /* REQUIRES page heap lock */
+/* Large blocks (heap.c). A LARGE span for `requested` bytes, counted in the
+ * large figures; *zeroed says its pages read as zero. NULL + ENOMEM. */
+KP_INTERNAL kp_span *_kp_pageheap_large_alloc(size_t npages, size_t align_pages, size_t requested, int *zeroed);
+/* REQUIRES page heap lock, s a live LARGE span. */
+KP_INTERNAL void _kp_pageheap_large_free_locked(kp_span *s);
+KP_INTERNAL void _kp_pageheap_large_requested_locked(kp_span *s, size_t requested);
+/* Shrink in place, or grow into the free span after it; 0, or -1 (s unchanged). */
+KP_INTERNAL int _kp_pageheap_large_resize_locked(kp_span *s, size_t npages);
+/* Move s's pages to a new range of npages pages (mremap: no copy); 0 or -1. */
+KP_INTERNAL int _kp_pageheap_large_move_locked(kp_span *s, size_t npages);
 /* Release every free span's pages to the OS; bytes released. */
 KP_INTERNAL size_t _kp_pageheap_trim(void);
 /* Run the time-based decay if the lock is free (never waits). */
 KP_INTERNAL void _kp_pageheap_tick(void);
 typedef struct kp_pageheap_figures {
     size_t mapped, released, free_bytes, largest_free, spans_free;
-    size_t state_bytes[KP_SPAN_ARENA + 1];   /* bytes of in-use spans by state */
-    uint64_t grows, os_releases, large_allocs;
+    size_t state_bytes[KP_SPAN_CACHED + 1];  /* bytes of spans by state */
+    size_t large_bytes, large_requested;     /* live large blocks */
+    uint64_t grows, os_releases, large_allocs, large_frees;
 } kp_pageheap_figures;
 KP_INTERNAL void _kp_pageheap_figures(kp_pageheap_figures *out);
 /* Test hooks: check the free lists and coalescing invariants; 1 if valid. */
@@ -227,7 +242,6 @@ KP_INTERNAL kp_tcache *_kp_registry_first(void);   /* REQUIRES registry lock */
 KP_INTERNAL void _kp_tcache_after_fork_child(void);
 
 /* ---- heap.c ------------------------------------------------------------------ */
-KP_INTERNAL void _kp_heap_large_figures(size_t *bytes, size_t *requested, uint64_t *allocs, uint64_t *frees);
 /* Set by a drop-in malloc library: called, instead of the error handler,
  * for a free of a pointer in memory kpool never mapped (another allocator's
  * memory, from before kpool was loaded). */

@@ -73,6 +73,10 @@ _Static_assert(KP_SMALL_MAX % KP_COARSE_STEP == 0, "coarse lookup covers the sma
 #define KP_RETAIN_BYTES ((size_t)16 << 20)     /* free, unreleased bytes kept before release */
 #define KP_DECAY_MS 1000                       /* free spans older than this go back to the OS */
 #define KP_DECAY_CHECK_MS 50                   /* how often the page heap looks at the clock */
+#define KP_RECENT_SPANS 8                      /* freed large spans kept whole for reuse */
+#define KP_RECENT_MAX_PAGES 1024               /* ... of at most 8 MiB each */
+#define KP_RECENT_BYTES ((size_t)16 << 20)     /* ... and this much in all */
+_Static_assert(KP_RECENT_MAX_PAGES * KP_PAGE_SIZE <= KP_RECENT_BYTES, "a kept span fits the budget");
 
 /* ---- thread cache -------------------------------------------------------- */
 /* The byte budget of one thread's lists: an even share of
@@ -114,7 +118,8 @@ typedef enum kp_span_state {
     KP_SPAN_SMALL,        /* carved into objects of one size class */
     KP_SPAN_LARGE,        /* one large block */
     KP_SPAN_POOL,         /* a chunk of a kp_pool */
-    KP_SPAN_ARENA         /* a chunk of a kp_arena */
+    KP_SPAN_ARENA,        /* a chunk of a kp_arena */
+    KP_SPAN_CACHED        /* a freed large block kept whole for reuse (pageheap.c: recent) */
 } kp_span_state;
 
 /* A run of pages. Invariants:

@@ -75,6 +75,12 @@ void *_kp_os_reserve(size_t size) {
     return p;
 }
 
+int _kp_os_move(void *old, size_t old_size, size_t new_size, void *dst) {
+    if (should_fail(&os_fail_next)) return -1;
+    void *moved = mremap(old, old_size, new_size, MREMAP_MAYMOVE | MREMAP_FIXED, dst);
+    return moved == dst ? 0 : -1;
+}
+
 void _kp_os_unmap(void *p, size_t size) {
     if (p) munmap(p, _kp_align_up(size, _kp_os_page_size()));
 }

@@ -10,9 +10,21 @@
  * twice, for spans with resident pages ("normal") and released ones; a
  * bitmap of non-empty exact lists finds the first fit in O(1). Normal spans
  * are also on an age list, oldest first, for the decay.
+ * Large blocks: a large block is a span of its own, and its figures live
+ * here, under the lock. A large span grows in place into a free neighbour,
+ * shrinks in place, and otherwise moves with mremap (its pages change
+ * address, nothing is copied). A freed large span of at most
+ * KP_RECENT_MAX_PAGES pages is kept whole a while in `recent` (state CACHED:
+ * class bytes cleared, ends still mapped, not coalesced), so that a program
+ * that allocates and frees blocks of one large size skips carving,
+ * coalescing and most page-map writes; the decay, a request no free span
+ * can serve, and kp_trim put them back.
+ * Zeroed pages: spans carved from released spans (fresh from the OS, or
+ * given back with MADV_DONTNEED) read as zero, which calloc uses.
  * Invariants (_kp_pageheap_is_valid): no two adjacent free spans of the same
  *   released state; free_bytes == pages of normal free spans; every free
- *   span is on the list its size and state say.
+ *   span is on the list its size and state say; recent_bytes == pages of
+ *   the recent spans, all CACHED.
  * Locks: the page heap lock. It may be taken while holding a central class
  *   lock or a pool lock, never the reverse; under it only the metadata lock
  *   is taken.
@@ -32,9 +44,14 @@ static struct {
     size_t mapped_bytes;
     size_t free_bytes;             /* normal free spans */
     size_t released_bytes;
-    uint64_t grows, os_releases, large_allocs;
+    uint64_t grows, os_releases;
     uint64_t last_decay_ms;
-    size_t state_bytes[KP_SPAN_ARENA + 1];
+    size_t state_bytes[KP_SPAN_CACHED + 1];
+    kp_span *recent[KP_RECENT_SPANS];   /* freed large spans kept whole, oldest first */
+    unsigned nrecent;
+    size_t recent_bytes;
+    size_t large_bytes, large_requested;   /* live large blocks */
+    uint64_t large_allocs, large_frees;
 } ph;
 
 /* Figures read without the lock by stats. */
@@ -241,9 +258,15 @@ static void decay(void);
 
 /* *was_released (if not NULL) tells whether the pages came from a released
  * span, so that pieces given back stay filed as not resident. */
+static void recent_flush(void);
+
 static kp_span *alloc_locked(size_t npages, kp_span_state state, int *was_released) {
     kp_span *s = find_in(&ph.normal, npages);
     if (!s) s = find_in(&ph.released, npages);
+    if (!s && ph.nrecent) {          /* the kept large spans may coalesce into a fit */
+        recent_flush();
+        s = find_in(&ph.normal, npages);
+    }
     if (!s) {
         if (grow(npages) != 0) return NULL;
         s = find_in(&ph.normal, npages);
@@ -276,69 +299,205 @@ static void publish(kp_span *s) {
     _kp_pagemap_set_class(s->start, s->npages, s->state == KP_SPAN_LARGE ? KP_CLASS_LARGE : KP_CLASS_ARENA);
 }
 
-kp_span *_kp_pageheap_alloc(size_t npages, kp_span_state state) {
-    if (npages == 0 || npages > ((size_t)1 << (KP_PAGEMAP_BITS - 1))) {
+/* A span of npages pages, its first page aligned to align_pages (a power
+ * of two), in state `state` and published; *zeroed (if not NULL) says its
+ * pages read as zero. NULL + ENOMEM. REQUIRES lock. */
+static kp_span *take_span(size_t npages, size_t align_pages, kp_span_state state, int *zeroed) {
+    if (npages == 0 || npages + align_pages > ((size_t)1 << (KP_PAGEMAP_BITS - 1))) {
         errno = ENOMEM;
         return NULL;
     }
+    int was_released = 0;
+    if (align_pages <= 1) {
+        kp_span *s = alloc_locked(npages, state, &was_released);
+        if (s) publish(s);
+        if (zeroed) *zeroed = was_released;
+        return s;
+    }
+    kp_span *s = alloc_locked(npages + align_pages - 1, state, &was_released);
+    if (!s) return NULL;
+    uintptr_t aligned = (s->start + align_pages - 1) & ~(uintptr_t)(align_pages - 1);
+    size_t lead = aligned - s->start;
+    size_t trail = s->npages - lead - npages;
+    kp_span *lead_span = NULL, *trail_span = NULL;
+    if (lead) lead_span = new_span_struct(s->start, lead);
+    if (trail) trail_span = new_span_struct(aligned + npages, trail);
+    if ((lead && !lead_span) || (trail && !trail_span)) {
+        if (lead_span) kill_span_struct(lead_span);
+        if (trail_span) kill_span_struct(trail_span);
+        ph.state_bytes[state] -= s->npages * KP_PAGE_SIZE;
+        s->state = KP_SPAN_FREE;
+        s->released = (uint8_t)was_released;
+        s->free_since_ms = _kp_now_coarse_ms();
+        insert_coalesced(s);
+        errno = ENOMEM;
+        return NULL;
+    }
+    uint64_t now = _kp_now_coarse_ms();
+    ph.state_bytes[state] -= (lead + trail) * KP_PAGE_SIZE;
+    s->start = aligned;
+    s->npages = npages;
+    publish(s);
+    kp_span *pieces[2] = { lead_span, trail_span };
+    for (int i = 0; i < 2; i++) {
+        if (!pieces[i]) continue;
+        pieces[i]->free_since_ms = now;
+        pieces[i]->released = (uint8_t)was_released;
+        insert_coalesced(pieces[i]);
+    }
+    if (zeroed) *zeroed = was_released;
+    return s;
+}
+
+kp_span *_kp_pageheap_alloc_aligned(size_t npages, size_t align_pages, kp_span_state state) {
     _kp_lock(&ph.lock);
-    kp_span *s = alloc_locked(npages, state, NULL);
-    if (s) publish(s);
-    if (s && state == KP_SPAN_LARGE) ph.large_allocs++;
+    kp_span *s = take_span(npages, align_pages, state, NULL);
     decay();
     publish_figures();
     _kp_unlock(&ph.lock);
     return s;
 }
 
-kp_span *_kp_pageheap_alloc_aligned(size_t npages, size_t align_pages, kp_span_state state) {
-    if (align_pages <= 1) return _kp_pageheap_alloc(npages, state);
-    if (npages == 0 || npages + align_pages > ((size_t)1 << (KP_PAGEMAP_BITS - 1))) {
-        errno = ENOMEM;
-        return NULL;
-    }
+kp_span *_kp_pageheap_alloc(size_t npages, kp_span_state state) {
+    return _kp_pageheap_alloc_aligned(npages, 1, state);
+}
+
+/* ---- large blocks ------------------------------------------------------------ */
+
+/* Put recent span i back into the free lists. REQUIRES lock. */
+static void recent_evict(unsigned i) {
+    kp_span *s = ph.recent[i];
+    memmove(&ph.recent[i], &ph.recent[i + 1], (ph.nrecent - i - 1) * sizeof ph.recent[0]);
+    ph.nrecent--;
+    ph.recent_bytes -= s->npages * KP_PAGE_SIZE;
+    ph.state_bytes[KP_SPAN_CACHED] -= s->npages * KP_PAGE_SIZE;
+    s->state = KP_SPAN_FREE;
+    s->released = 0;
+    insert_coalesced(s);     /* free_since_ms: when it was freed */
+}
+
+static void recent_flush(void) {
+    while (ph.nrecent) recent_evict(0);
+}
+
+static void count_large(kp_span *s, size_t requested) {
+    s->requested = requested;
+    ph.large_bytes += s->npages * KP_PAGE_SIZE;
+    ph.large_requested += requested;
+    ph.large_allocs++;
+}
+
+kp_span *_kp_pageheap_large_alloc(size_t npages, size_t align_pages, size_t requested, int *zeroed) {
     _kp_lock(&ph.lock);
-    int was_released = 0;
-    kp_span *s = alloc_locked(npages + align_pages - 1, state, &was_released);
-    if (s) {
-        uintptr_t aligned = (s->start + align_pages - 1) & ~(uintptr_t)(align_pages - 1);
-        size_t lead = aligned - s->start;
-        size_t trail = s->npages - lead - npages;
-        kp_span *lead_span = NULL, *trail_span = NULL;
-        if (lead) lead_span = new_span_struct(s->start, lead);
-        if (trail) trail_span = new_span_struct(aligned + npages, trail);
-        if ((lead && !lead_span) || (trail && !trail_span)) {
-            if (lead_span) kill_span_struct(lead_span);
-            if (trail_span) kill_span_struct(trail_span);
-            ph.state_bytes[state] -= s->npages * KP_PAGE_SIZE;
-            s->state = KP_SPAN_FREE;
-            s->free_since_ms = _kp_now_coarse_ms();
-            insert_coalesced(s);
-            s = NULL;
-            errno = ENOMEM;
-        } else {
-            uint64_t now = _kp_now_coarse_ms();
-            ph.state_bytes[state] -= (lead + trail) * KP_PAGE_SIZE;
-            s->start = aligned;
-            s->npages = npages;
-            publish(s);
-            if (lead_span) {
-                lead_span->free_since_ms = now;
-                lead_span->released = (uint8_t)was_released;
-                insert_coalesced(lead_span);
-            }
-            if (trail_span) {
-                trail_span->free_since_ms = now;
-                trail_span->released = (uint8_t)was_released;
-                insert_coalesced(trail_span);
-            }
-            if (state == KP_SPAN_LARGE) ph.large_allocs++;
-        }
+    kp_span *s = NULL;
+    for (unsigned i = ph.nrecent; align_pages <= 1 && i-- > 0;) {
+        if (ph.recent[i]->npages != npages) continue;
+        s = ph.recent[i];
+        memmove(&ph.recent[i], &ph.recent[i + 1], (ph.nrecent - i - 1) * sizeof ph.recent[0]);
+        ph.nrecent--;
+        ph.recent_bytes -= npages * KP_PAGE_SIZE;
+        ph.state_bytes[KP_SPAN_CACHED] -= npages * KP_PAGE_SIZE;
+        ph.state_bytes[KP_SPAN_LARGE] += npages * KP_PAGE_SIZE;
+        s->state = KP_SPAN_LARGE;
+        _kp_pagemap_set_class(s->start, npages, KP_CLASS_LARGE);   /* its ends are still mapped */
+        *zeroed = 0;
+        break;
     }
-    decay();
+    if (!s) {
+        s = take_span(npages, align_pages, KP_SPAN_LARGE, zeroed);
+        decay();
+    }
+    if (s) count_large(s, requested);
     publish_figures();
     _kp_unlock(&ph.lock);
     return s;
+}
+
+void _kp_pageheap_large_free_locked(kp_span *s) {
+    size_t bytes = s->npages * KP_PAGE_SIZE;
+    ph.large_bytes -= bytes;
+    ph.large_requested -= s->requested;
+    ph.large_frees++;
+    if (s->npages > KP_RECENT_MAX_PAGES || bytes > KP_RECENT_BYTES) {
+        _kp_pageheap_free_locked(s);
+        return;
+    }
+    while (ph.nrecent == KP_RECENT_SPANS || (ph.nrecent && ph.recent_bytes + bytes > KP_RECENT_BYTES)) recent_evict(0);
+    _kp_pagemap_set_class(s->start, s->npages, 0);
+    ph.state_bytes[KP_SPAN_LARGE] -= bytes;
+    ph.state_bytes[KP_SPAN_CACHED] += bytes;
+    s->state = KP_SPAN_CACHED;
+    s->free_since_ms = _kp_now_coarse_ms();
+    ph.recent[ph.nrecent++] = s;
+    ph.recent_bytes += bytes;
+    publish_figures();
+}
+
+void _kp_pageheap_large_requested_locked(kp_span *s, size_t requested) {
+    ph.large_requested += requested - s->requested;
+    s->requested = requested;
+}
+
+int _kp_pageheap_large_resize_locked(kp_span *s, size_t npages) {
+    if (npages == s->npages) return 0;
+    if (npages < s->npages) {                 /* give the tail back */
+        size_t tail = s->npages - npages;
+        kp_span *t = new_span_struct(s->start + npages, tail);
+        if (!t) return -1;
+        _kp_pagemap_set_class(t->start, tail, 0);
+        s->npages = npages;
+        _kp_pagemap_set(s->start + npages - 1, s);
+        ph.state_bytes[KP_SPAN_LARGE] -= tail * KP_PAGE_SIZE;
+        ph.large_bytes -= tail * KP_PAGE_SIZE;
+        t->free_since_ms = _kp_now_coarse_ms();
+        insert_coalesced(t);
+        decay();
+        publish_figures();
+        return 0;
+    }
+    uintptr_t after = s->start + s->npages;
+    size_t more = npages - s->npages;
+    kp_span *n = _kp_pagemap_get(after);
+    if (!n || n->state != KP_SPAN_FREE || n->start != after || n->npages < more) return -1;
+    remove_free(n);
+    if (n->npages == more) {
+        kill_span_struct(n);
+    } else {
+        n->start += more;
+        n->npages -= more;
+        insert_free(n);
+    }
+    _kp_pagemap_set(s->start + npages - 1, s);
+    _kp_pagemap_set_class(after, more, KP_CLASS_LARGE);
+    s->npages = npages;
+    ph.state_bytes[KP_SPAN_LARGE] += more * KP_PAGE_SIZE;
+    ph.large_bytes += more * KP_PAGE_SIZE;
+    publish_figures();
+    return 0;
+}
+
+int _kp_pageheap_large_move_locked(kp_span *s, size_t npages) {
+    size_t old_bytes = s->npages * KP_PAGE_SIZE, new_bytes = npages * KP_PAGE_SIZE;
+    char *old = (char *)(s->start << KP_PAGE_SHIFT);
+    char *dst = _kp_os_map(new_bytes, KP_PAGE_SIZE);    /* where the pages go: aligned to kpool's page */
+    if (!dst) return -1;
+    uintptr_t dpn = (uintptr_t)dst >> KP_PAGE_SHIFT;
+    if (_kp_pagemap_ensure(dpn, npages) != 0 || _kp_os_move(old, old_bytes, new_bytes, dst) != 0) {
+        _kp_os_unmap(dst, new_bytes);
+        return -1;
+    }
+    /* The old range is no longer mapped: no entry of it may name a span, so
+     * that whatever the kernel puts there later is not taken for kpool's. */
+    _kp_pagemap_set_class(s->start, s->npages, 0);
+    _kp_pagemap_set_range(s->start, s->npages, NULL);
+    ph.mapped_bytes += new_bytes - old_bytes;
+    ph.state_bytes[KP_SPAN_LARGE] += new_bytes - old_bytes;
+    ph.large_bytes += new_bytes - old_bytes;
+    s->start = dpn;
+    s->npages = npages;
+    publish(s);
+    publish_figures();
+    return 0;
 }
 
 void _kp_pageheap_free(kp_span *s) {
@@ -379,6 +538,10 @@ static int release_span(kp_span *s) {
 /* Release what has been idle too long, and whatever exceeds the retention
  * budget (oldest first, down to half the budget). REQUIRES lock. */
 static void decay(void) {
+    uint64_t now_ms = _kp_now_coarse_ms();
+    while (ph.nrecent && (now_ms - ph.recent[0]->free_since_ms >= KP_DECAY_MS ||
+                          ph.free_bytes + ph.recent_bytes > KP_RETAIN_BYTES))
+        recent_evict(0);
     if (ph.free_bytes > KP_RETAIN_BYTES) {
         while (ph.free_bytes > KP_RETAIN_BYTES / 2 && ph.age.age_next != &ph.age)
             if (!release_span(ph.age.age_next)) return;
@@ -392,6 +555,7 @@ static void decay(void) {
 
 size_t _kp_pageheap_trim(void) {
     _kp_lock(&ph.lock);
+    recent_flush();
     size_t before = ph.released_bytes;
     while (ph.age.age_next != &ph.age)
         if (!release_span(ph.age.age_next)) break;
@@ -423,9 +587,13 @@ void _kp_pageheap_figures(kp_pageheap_figures *out) {
     out->mapped = ph.mapped_bytes;
     out->released = ph.released_bytes;
     out->free_bytes = ph.free_bytes;
+    out->free_bytes += ph.recent_bytes;     /* kept large spans are free and resident */
     out->grows = ph.grows;
     out->os_releases = ph.os_releases;
     out->large_allocs = ph.large_allocs;
+    out->large_frees = ph.large_frees;
+    out->large_bytes = ph.large_bytes;
+    out->large_requested = ph.large_requested;
     memcpy(out->state_bytes, ph.state_bytes, sizeof out->state_bytes);
     size_t largest = 0, count = 0;
     for (int i = KP_EXACT_LISTS; i >= 1; i--) {
@@ -439,6 +607,8 @@ void _kp_pageheap_figures(kp_pageheap_figures *out) {
         count++;
         if (s->npages > largest) largest = s->npages;
     }
+    for (unsigned i = 0; i < ph.nrecent; i++)
+        if (ph.recent[i]->npages > largest) largest = ph.recent[i]->npages;
     out->largest_free = largest * KP_PAGE_SIZE;
     out->spans_free = count;
     _kp_unlock(&ph.lock);
@@ -467,6 +637,13 @@ int _kp_pageheap_is_valid(void) {
     size_t aged = 0;
     for (kp_span *s = ph.age.age_next; ok && s != &ph.age; s = s->age_next) aged += s->npages * KP_PAGE_SIZE;
     ok = ok && aged == ph.free_bytes;
+    size_t kept = 0;
+    for (unsigned i = 0; ok && i < ph.nrecent; i++) {
+        kp_span *r = ph.recent[i];
+        ok = r->state == KP_SPAN_CACHED && _kp_pagemap_get(r->start) == r && _kp_pagemap_get(r->start + r->npages - 1) == r;
+        kept += r->npages * KP_PAGE_SIZE;
+    }
+    ok = ok && kept == ph.recent_bytes && kept == ph.state_bytes[KP_SPAN_CACHED];
     _kp_unlock(&ph.lock);
     return ok;
 }

@@ -93,19 +93,42 @@ void _kp_pagemap_set_ends(uintptr_t pn, size_t npages, kp_span *s) {
     _kp_pagemap_set(pn + npages - 1, s);
 }
 
+/* Class bytes of pages outside the window, in their leaves. */
+static void set_class_in_leaves(uintptr_t pn, size_t npages, unsigned cls) {
+    for (size_t i = 0; i < npages; i++) {
+        kp_pagemap_leaf *leaf = leaf_of(pn + i);
+        atomic_store_explicit(&leaf->classes[(pn + i) & (KP_LEAF_PAGES - 1)], (uint8_t)cls, memory_order_relaxed);
+    }
+}
+
+/* n class bytes from b. Eight at a time where aligned: a large block's pages
+ * are written at every alloc and free. Readers load single bytes; an
+ * aligned 8-byte store is single-copy atomic on x86-64, so each byte a
+ * reader sees is the old or the new one. ThreadSanitizer builds store byte
+ * by byte, so the race checker sees only accesses it models. */
+static void set_class_bytes(_Atomic uint8_t *b, size_t n, unsigned cls) {
+    size_t i = 0;
+#if defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
+    typedef uint64_t __attribute__((may_alias)) word;
+    uint64_t w = (uint64_t)(uint8_t)cls * 0x0101010101010101u;
+    for (; i < n && ((uintptr_t)(b + i) & 7); i++) atomic_store_explicit(&b[i], (uint8_t)cls, memory_order_relaxed);
+    for (; i + 8 <= n; i += 8) __atomic_store_n((word *)(void *)(b + i), w, __ATOMIC_RELAXED);
+#endif
+    for (; i < n; i++) atomic_store_explicit(&b[i], (uint8_t)cls, memory_order_relaxed);
+}
+
 void _kp_pagemap_set_class(uintptr_t pn, size_t npages, unsigned cls) {
     size_t pages = atomic_load_explicit(&_kp_classmap.pages, memory_order_acquire);
     uintptr_t base = atomic_load_explicit(&_kp_classmap.base, memory_order_relaxed);
     _Atomic uint8_t *bytes = atomic_load_explicit(&_kp_classmap.bytes, memory_order_relaxed);
-    for (size_t i = 0; i < npages; i++) {
-        uintptr_t idx = pn + i - base;
-        if (idx < pages) {
-            atomic_store_explicit(&bytes[idx], (uint8_t)cls, memory_order_relaxed);
-        } else {
-            kp_pagemap_leaf *leaf = leaf_of(pn + i);
-            atomic_store_explicit(&leaf->classes[(pn + i) & (KP_LEAF_PAGES - 1)], (uint8_t)cls, memory_order_relaxed);
-        }
+    uintptr_t end = pn + npages, lo = pn > base ? pn : base, hi = end < base + pages ? end : base + pages;
+    if (!pages || lo >= hi) {                     /* wholly outside the window */
+        set_class_in_leaves(pn, npages, cls);
+        return;
     }
+    if (pn < lo) set_class_in_leaves(pn, lo - pn, cls);
+    set_class_bytes(bytes + (lo - base), hi - lo, cls);
+    if (hi < end) set_class_in_leaves(hi, end - hi, cls);
 }
 
 kp_span *_kp_span_of(const void *p) {

@@ -52,8 +52,11 @@ static void collect(counters *c) {
     add_lock(c, _kp_pageheap_lock());
     add_lock(c, _kp_meta_lock());
     add_lock(c, _kp_registry_lock_ptr());
-    _kp_heap_large_figures(&c->large_bytes, &c->large_requested, &c->large_allocs, &c->large_frees);
     _kp_pageheap_figures(&c->ph);
+    c->large_bytes = c->ph.large_bytes;
+    c->large_requested = c->ph.large_requested;
+    c->large_allocs = c->ph.large_allocs;
+    c->large_frees = c->ph.large_frees;
     c->grows = c->ph.grows;
     c->os_releases = c->ph.os_releases;
 }

@@ -390,6 +390,133 @@ static void test_memory_goes_back_without_trim(void) {
     CHECK(after <= start + peak / 20 + ((size_t)16 << 20));
 }
 
+static size_t rss_bytes(void);
+
+static long minor_faults(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_minflt;
+}
+
+/* calloc of pages that are zero already (fresh from the OS, or given back
+ * with MADV_DONTNEED) does not write them: they stay out of RSS. */
+static void test_calloc_does_not_touch_zero_pages(void) {
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+    printf("     skipped: a sanitizer's shadow memory makes RSS meaningless\n");
+    return;
+#endif
+    enum { N = 8 };
+    size_t gib = (size_t)1 << 30;
+    size_t before = rss_bytes();
+    unsigned char *v[N];
+    for (int i = 0; i < N; i++) {
+        v[i] = kp_calloc(1, gib);
+        CHECK(v[i] != NULL);
+        if (!v[i]) return;
+        CHECK(v[i][0] == 0 && v[i][gib / 2] == 0 && v[i][gib - 1] == 0);
+    }
+    size_t during = rss_bytes();
+    for (int i = 0; i < N; i++) kp_free(v[i]);
+    /* once more: the freed spans went back to the OS, so they are zero again */
+    unsigned char *again = kp_calloc(gib, 1);
+    CHECK(again != NULL && again[12345] == 0);
+    size_t after = rss_bytes();
+    kp_free(again);
+    printf("     8 x calloc(1 GiB): rss %zu MiB -> %zu MiB; once more after freeing: %zu MiB\n", before >> 20,
+           during >> 20, after >> 20);
+    CHECK(during < before + ((size_t)32 << 20));
+    CHECK(after < before + ((size_t)32 << 20));
+    /* a calloc of pages that were written is still zeroed */
+    unsigned char *dirty = kp_malloc((size_t)1 << 20);
+    memset(dirty, 0xab, (size_t)1 << 20);
+    kp_free(dirty);
+    unsigned char *z = kp_calloc(1, (size_t)1 << 20);
+    int zero = 1;
+    for (size_t i = 0; i < ((size_t)1 << 20); i += 4096) zero &= z[i] == 0;
+    CHECK(zero);
+    kp_free(z);
+}
+
+/* Growing a large block: in place into the free pages after it, else its
+ * pages move (mremap) with room to spare; its bytes are never copied, so
+ * growing a buffer in 16 KiB steps to 64 MiB faults in about one page per
+ * step, not the whole buffer at every step. */
+static void test_realloc_grows_large_blocks_without_copying(void) {
+    kp_trim();                                  /* the page heap's free spans are plain free spans */
+    char *p = kp_malloc((size_t)300 << 10), *after = NULL;
+    p[0] = 'a';
+    char *q = kp_realloc(p, (size_t)400 << 10);   /* the pages after it are free */
+    CHECK(q == p);
+    after = kp_malloc((size_t)300 << 10);      /* now they are not */
+    q[(400 << 10) - 1] = 'z';
+    long f0 = minor_faults();
+    char *r = kp_realloc(q, (size_t)8 << 20);  /* moves */
+    long moved_faults = minor_faults() - f0;
+    (void)moved_faults;
+    CHECK(r != NULL && r[0] == 'a' && r[(400 << 10) - 1] == 'z');
+#if !defined(__SANITIZE_THREAD__)                /* its shadow memory faults in for the new range */
+    CHECK(moved_faults < 20);                  /* a copy would fault in every page of the old block's copy */
+#endif
+    CHECK(kp_usable_size(r) >= ((size_t)8 << 20));
+    CHECK(_kp_pageheap_is_valid());
+    kp_free(after);
+    /* step by step to 64 MiB */
+    size_t n = (size_t)16 << 10;
+    char *g = kp_malloc(n);
+    long f1 = minor_faults();
+    while (n < ((size_t)64 << 20)) {
+        n += (size_t)16 << 10;
+        g = kp_realloc(g, n);
+        if (!g) break;
+        g[n - 1] = (char)n;
+    }
+    long grow_faults = minor_faults() - f1;
+    CHECK(g != NULL);
+    int intact = 1;
+    for (size_t k = (size_t)32 << 10; g && k <= n; k += (size_t)16 << 10) intact &= g[k - 1] == (char)k;
+    CHECK(intact);
+    printf("     realloc to 64 MiB in 16 KiB steps: %ld minor faults\n", grow_faults);
+#if !defined(__SANITIZE_THREAD__)
+    CHECK(grow_faults < 20000);                 /* 4096 steps, about one new page each */
+#endif
+    kp_free(g);
+    kp_free(r);
+    CHECK(_kp_pageheap_is_valid());
+    /* and shrinking gives the tail back in place */
+    char *big = kp_malloc((size_t)4 << 20);
+    char *small = kp_realloc(big, (size_t)1 << 20);
+    CHECK(small == big);
+    CHECK_EQ(kp_usable_size(small), (size_t)1 << 20);
+    kp_free(small);
+    CHECK(_kp_pageheap_is_valid());
+}
+
+/* A large block freed and allocated again at the same size reuses its span
+ * (the page heap keeps a few whole); it is not kpool's live memory meanwhile. */
+static void test_large_blocks_of_one_size_are_reused(void) {
+    kp_set_error_handler(record_handler);
+    char *a = kp_malloc((size_t)1 << 20);
+    kp_free(a);
+    CHECK(!kp_owns(a));
+    CHECK_EQ(kp_usable_size(a), 0);
+    handler_calls = 0;
+    kp_free(a);                                 /* a double free of a kept span */
+    CHECK_EQ(handler_calls, 1);
+    CHECK(kp_realloc(a, 10) == NULL);
+    CHECK_EQ(handler_calls, 2);
+    char *b = kp_malloc((size_t)1 << 20);
+    CHECK(b == a);
+    CHECK(kp_owns(b + ((size_t)1 << 19)));
+    CHECK(_kp_pageheap_is_valid());
+    kp_free(b);
+    kp_trim();                                  /* kept spans go back to the OS too */
+    kp_stats st = { .struct_size = sizeof st };
+    kp_stats_get(&st);
+    CHECK_EQ(st.bytes_free_pageheap, 0);
+    CHECK(_kp_pageheap_is_valid());
+    kp_set_error_handler(NULL);
+}
+
 /* A process that lowers RLIMIT_AS after kpool started (a service calling
  * setrlimit, a sandbox, prlimit) keeps a working heap: kpool reserved no
  * large range of address space up front. In a child, so the limit stays
@@ -449,5 +576,8 @@ int main(void) {
     RUN(test_large_block_with_an_uncarved_span);
     RUN(test_fork_while_threads_allocate);
     RUN(test_memory_goes_back_without_trim);
+    RUN(test_calloc_does_not_touch_zero_pages);
+    RUN(test_realloc_grows_large_blocks_without_copying);
+    RUN(test_large_blocks_of_one_size_are_reused);
     return DONE();
 }
