@@ -94,7 +94,7 @@ unsigned _kp_central_fetch(unsigned cls, unsigned n, void **head_out) {
          * under the lock would miss on another core's cache line. */
         unsigned listed = s->carved - s->allocated;
         if (s->freelist && listed <= n - got) {
-            *(void **)s->freelist_tail = head;
+            _kp_set_next(s->freelist_tail, head);
             head = s->freelist;
             s->freelist = s->freelist_tail = NULL;
             s->allocated += listed;
@@ -105,15 +105,16 @@ unsigned _kp_central_fetch(unsigned cls, unsigned n, void **head_out) {
             void *obj;
             if (s->freelist) {
                 obj = s->freelist;
-                s->freelist = *(void **)obj;
+                s->freelist = _kp_next(obj);
                 if (!s->freelist) s->freelist_tail = NULL;
             } else if (s->carved < s->capacity) {
                 obj = base + (size_t)s->carved * size;
                 s->carved++;
+                _kp_mark_free(obj);         /* free until it is handed out */
             } else {
                 break;
             }
-            *(void **)obj = head;
+            _kp_set_next(obj, head);
             head = obj;
             s->allocated++;
             got++;
@@ -132,10 +133,13 @@ static void return_to_spans(kp_central *c, void *head, unsigned n) {
     size_t freed_objects = 0;
     for (unsigned i = 0; i < n && head; i++) {
         void *obj = head;
-        head = *(void **)obj;
-        kp_span *s = _kp_pagemap_get((uintptr_t)obj >> KP_PAGE_SHIFT);
-        kp_assert(s && s->state == KP_SPAN_SMALL && &centrals[s->sizeclass] == c);
-        *(void **)obj = s->freelist;
+        kp_span *s = _kp_link_ok(obj) ? _kp_pagemap_get((uintptr_t)obj >> KP_PAGE_SHIFT) : NULL;
+        if (!s || s->state != KP_SPAN_SMALL || &centrals[s->sizeclass] != c) {
+            _kp_report_bad_link("kp_free", obj);     /* a damaged link led here: drop the rest */
+            break;
+        }
+        head = _kp_next(obj);
+        _kp_set_next(obj, s->freelist);
         if (!s->freelist) s->freelist_tail = obj;
         s->freelist = obj;
         s->allocated--;
@@ -183,14 +187,14 @@ int _kp_central_is_valid(unsigned cls) {
     int ok = c->used <= _kp_classes[cls].transfer_slots;
     for (uint32_t i = 0; ok && i < c->used; i++) {
         size_t n = 0;
-        for (void *p = c->slots[i]; p; p = *(void **)p) n++;
+        for (void *p = c->slots[i]; p && _kp_link_ok(p); p = _kp_next(p)) n++;
         ok = n == _kp_classes[cls].batch;
         free_objects += n;
     }
     for (kp_span *s = partial_first(c); ok && s && s != &c->partial; s = s->next) {
         size_t listed = 0;
         void *last = NULL;
-        for (void *p = s->freelist; p; p = *(void **)p) {
+        for (void *p = s->freelist; p && _kp_link_ok(p); p = _kp_next(p)) {
             listed++;
             last = p;
         }

@@ -6,9 +6,10 @@
  * read-modify-write; a free pushes the block back after one pagemap read
  * (the page's class byte). Larger requests are spans of their own from the
  * page heap. Misuse that can be seen cheaply goes to the error handler:
- * pointers kpool never gave out, a block freed twice in a row, a freed large
- * block; a KP_DEBUG build also checks interior pointers and every double free
- * (a live bit per object).
+ * pointers kpool never gave out, a freed large block, and (KP_HARDEN) every
+ * double free of a small block by its free mark and a damaged free-list
+ * link at the pop that would follow it (kp_internal.h: free-block words); a
+ * KP_DEBUG build also checks interior pointers (a live bit per object).
  * Calls: tcache, central (threads whose cache is gone), pageheap, pagemap.
  * Invariants: a block is in exactly one place: a user's hands, one thread
  *   list, or one span's free list. kp_realloc(p, 0) frees p and returns the
@@ -70,8 +71,7 @@ static void *small_alloc_slow(unsigned cls, size_t size) {
         kp_tlist *l = &tc->lists[cls];
         p = l->head;
         if (p) {
-            l->head = *(void **)p;
-            KP_STORE(l->count, KP_LOAD(l->count) - 1);
+            _kp_tcache_pop(l, p);
         } else {
             p = _kp_tcache_refill(tc, cls);
         }
@@ -84,6 +84,7 @@ static void *small_alloc_slow(unsigned cls, size_t size) {
         errno = ENOMEM;
         return NULL;
     }
+    _kp_mark_live(p);
     (void)DEBUG_MARK(p, 1, "kp_malloc");
     return p;
 }
@@ -94,7 +95,10 @@ static inline __attribute__((always_inline)) void *small_alloc(unsigned cls, siz
     kp_tlist *l = &_kp_tls_tcache->lists[cls];
     void *p = l->head;
     if (KP_LIKELY(p != NULL)) {
-        l->head = *(void **)p;
+        void *next = _kp_next(p);
+        if (KP_UNLIKELY(!_kp_link_ok(next))) return small_alloc_slow(cls, size);   /* reports it */
+        l->head = next;
+        _kp_mark_live(p);
         KP_BUMP(l->count, -1);
         KP_STAT_BUMP(l->allocs, 1);
         KP_STAT_BUMP(l->requested, size);
@@ -109,11 +113,13 @@ static inline __attribute__((always_inline)) void *small_alloc(unsigned cls, siz
 static inline __attribute__((always_inline)) void small_push(kp_tcache *tc, kp_tlist *l, void *p, unsigned cls,
                                                              int sized, size_t requested, const char *call) {
     void *head = l->head;
-    if (KP_UNLIKELY(head == p)) {
-        _kp_error(call, p, "double free (block is already at the head of this thread's free list)");
+    if (KP_HARDEN_MARKS ? KP_UNLIKELY(_kp_is_marked(p)) : KP_UNLIKELY(head == p)) {
+        _kp_error(call, p, KP_HARDEN_MARKS ? "double free (the block is already free)"
+                                           : "double free (block is already at the head of this thread's free list)");
         return;
     }
-    *(void **)p = head;
+    _kp_mark_free(p);
+    _kp_set_next(p, head);
     l->head = p;
     KP_BUMP(l->count, 1);
     (void)tc, (void)cls, (void)requested;   /* unused without KP_STATS */
@@ -131,7 +137,12 @@ static __attribute__((noinline)) void small_free_slow(void *p, unsigned cls, int
         if (KP_LOAD(tc->lists[cls].count) > tc->lists[cls].max) _kp_tcache_overflow(tc, cls);
         return;
     }
-    *(void **)p = NULL;
+    if (_kp_is_marked(p)) {
+        _kp_error(call, p, "double free (the block is already free)");
+        return;
+    }
+    _kp_mark_free(p);
+    _kp_set_next(p, NULL);
     _kp_central_return(cls, p, 1);
     _kp_tcache_count_uncached(cls, 0, sized, requested);
 }

@@ -55,12 +55,21 @@ static void fork_child(void) {
 KP_INTERNAL void _kp_pool_thread_flush(kp_tcache *tc);
 
 uint64_t _kp_secret;
+uintptr_t _kp_link_key, _kp_free_mark;
 
 static void draw_secret(void) {
     uint64_t bits[2] = { 0, 0 };
     const void *random16 = (const void *)getauxval(AT_RANDOM);   /* 16 bytes from the kernel at exec */
     if (random16) memcpy(bits, random16, sizeof bits);
     _kp_secret = _kp_mix64(bits[0] ^ _kp_mix64(bits[1] ^ _kp_now_ns() ^ (uintptr_t)&bits));
+    /* A key with low bits set turns a zeroed word into a misaligned link. */
+    _kp_link_key = (uintptr_t)_kp_mix64(_kp_secret ^ 0x6b706f6f6c6b6579u) | 0x9;
+    _kp_free_mark = (uintptr_t)_kp_mix64(_kp_secret ^ 0x6b706f6f6c6d6b21u) | 1;
+}
+
+void _kp_report_bad_link(const char *call, const void *obj) {
+    _kp_error(call, obj, "a free block was written after it was freed (use after free, or an overflow from the "
+                         "block before it): its free-list link is damaged; the rest of the list is dropped");
 }
 
 static void init_once_body(void) {

@@ -79,6 +79,40 @@ static inline uint64_t _kp_now_coarse_ms(void) {
 static inline int _kp_is_pow2(size_t x) { return x != 0 && (x & (x - 1)) == 0; }
 static inline size_t _kp_align_up(size_t x, size_t a) { return (x + a - 1) & ~(a - 1); }
 
+/* ---- free-block words -----------------------------------------------------
+ * Word 0 of a free small block (and of a free pool block) links it to the
+ * next block of its list; word 1 of a free small block holds the free mark.
+ * With KP_HARDEN_LINKS the link is stored as next ^ _kp_link_key (a random
+ * key drawn at start-up; NULL too is encoded), so a use-after-free write or
+ * an overflow into a free block decodes to a wild value, which the next pop
+ * sees (a link that is not 16-byte aligned) instead of handing out an
+ * address an attacker chose. With KP_HARDEN_MARKS a free checks the mark
+ * (a double free, however long after the first free) and sets it; a
+ * handed-out block has it cleared. Only a program that stores that random
+ * value in word 1 of a live block would be taken for a double free. */
+KP_INTERNAL extern uintptr_t _kp_link_key, _kp_free_mark;   /* written once, in init */
+
+static inline void *_kp_next(const void *obj) {
+    uintptr_t v = *(const uintptr_t *)obj;
+    return (void *)(KP_HARDEN_LINKS ? v ^ _kp_link_key : v);
+}
+static inline void _kp_set_next(void *obj, const void *next) {
+    *(uintptr_t *)obj = KP_HARDEN_LINKS ? (uintptr_t)next ^ _kp_link_key : (uintptr_t)next;
+}
+/* 0 if a decoded link cannot be a block (every block is 16-byte aligned). */
+static inline int _kp_link_ok(const void *next) { return !KP_HARDEN_LINKS || ((uintptr_t)next & (KP_MIN_ALIGN - 1)) == 0; }
+static inline int _kp_is_marked(const void *obj) {
+    return KP_HARDEN_MARKS && ((const uintptr_t *)obj)[1] == _kp_free_mark;
+}
+static inline void _kp_mark_free(void *obj) {
+    if (KP_HARDEN_MARKS) ((uintptr_t *)obj)[1] = _kp_free_mark;
+}
+static inline void _kp_mark_live(void *obj) {
+    if (KP_HARDEN_MARKS) ((uintptr_t *)obj)[1] = 0;
+}
+/* Report a damaged free list (init.c); the caller drops the rest of it. */
+KP_INTERNAL void _kp_report_bad_link(const char *call, const void *obj);
+
 /* ---- locks (init.c) ----------------------------------------------------- */
 KP_INTERNAL void _kp_lock_init(kp_lock *l);
 /* Take l: try first; only a failed try is counted and timed as a wait. */
@@ -220,6 +254,9 @@ static inline kp_tcache *_kp_tcache_mine(void) {
 /* This thread's cache, created on first use; NULL while the thread exits. */
 KP_INTERNAL kp_tcache *_kp_tcache_get(void);
 KP_INTERNAL void *_kp_tcache_refill(kp_tcache *tc, unsigned cls);   /* one object or NULL */
+/* Unlink p, the head of l, checking its link (a damaged one is reported
+ * and ends the list). */
+KP_INTERNAL void _kp_tcache_pop(kp_tlist *l, void *p);
 KP_INTERNAL void _kp_tcache_overflow(kp_tcache *tc, unsigned cls);  /* list too long */
 KP_INTERNAL size_t _kp_tcache_budget_cap(void);   /* one thread's byte budget now */
 /* 1 if no thread can have a cache (no pthread key could be created). */

@@ -29,6 +29,17 @@
 #ifndef KP_STATS
 #define KP_STATS 1          /* 0 compiles the per-thread event counters out */
 #endif
+/* Hardening, on by default (kp_internal.h: free-block words). KP_HARDEN=0
+ * turns both measures off, for comparison; each can be set on its own. */
+#ifndef KP_HARDEN
+#define KP_HARDEN 1
+#endif
+#ifndef KP_HARDEN_LINKS
+#define KP_HARDEN_LINKS KP_HARDEN   /* free-list links stored encoded, checked when followed */
+#endif
+#ifndef KP_HARDEN_MARKS
+#define KP_HARDEN_MARKS KP_HARDEN   /* a free small block is marked: every double free is caught */
+#endif
 
 #define KP_LIKELY(x) __builtin_expect(!!(x), 1)
 #define KP_UNLIKELY(x) __builtin_expect(!!(x), 0)

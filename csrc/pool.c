@@ -372,10 +372,23 @@ static __attribute__((noinline)) void report_bad_free(kp_pool *pool, void *p) {
     (void)pool;
 }
 
+/* Take the head of a list; a damaged link (kp_internal.h) is reported and
+ * ends the list, and *damaged says so. */
+static void *pop_checked(void **head, int *damaged) {
+    void *p = *head, *next = _kp_next(p);
+    *damaged = !_kp_link_ok(next);
+    if (*damaged) {
+        _kp_report_bad_link("kp_pool_alloc", p);
+        next = NULL;
+    }
+    *head = next;
+    return p;
+}
+
 /* Put free block p on the pool's own list. REQUIRES pool lock. */
 static void free_list_push(kp_pool *pool, void *p) {
     mark_free(pool, p);
-    *(void **)p = pool->free_list;
+    _kp_set_next(p, pool->free_list);
     pool->free_list = p;
     pool->free_count++;
 }
@@ -392,8 +405,9 @@ static __attribute__((noinline)) void *locked_alloc(kp_pool *pool) {
     _kp_lock(&pool->lock);
     void *p = pool->free_list;
     if (p) {
-        pool->free_list = *(void **)p;
-        pool->free_count--;
+        int damaged;
+        pop_checked(&pool->free_list, &damaged);
+        pool->free_count = damaged ? 0 : pool->free_count - 1;
     } else if (pool->capacity && pool->live >= pool->capacity) {
         KP_BUMP(pool->exhausted, 1);
         _kp_unlock(&pool->lock);
@@ -458,9 +472,21 @@ static __attribute__((noinline)) int push_batch(kp_pool *pool, kp_pool_cache *pc
     kp_batch *b = descriptor_get(pool);
     if (!b) return -1;
     void *head = pc->head, *last = head;
-    for (uint32_t i = 1; i < n; i++) last = *(void **)last;
-    pc->head = *(void **)last;
-    *(void **)last = NULL;
+    uint32_t i = 1;
+    for (; i < n; i++) {
+        void *next = _kp_next(last);
+        if (!next || !_kp_link_ok(next)) break;
+        last = next;
+    }
+    void *rest = _kp_next(last);
+    if (!_kp_link_ok(rest)) {
+        _kp_report_bad_link("kp_pool_free", last);
+        rest = NULL;
+        KP_STORE(pc->count, i);
+    }
+    n = i;
+    pc->head = rest;
+    _kp_set_next(last, NULL);
     KP_STORE(pc->count, KP_LOAD(pc->count) - n);
     KP_DROP(pc->moved, n);
     b->head = head;
@@ -495,8 +521,9 @@ static __attribute__((noinline)) void *cached_alloc_slow(kp_pool *pool) {
         }
     }
     if (p) {
-        pc->head = *(void **)p;
-        KP_STORE(pc->count, KP_LOAD(pc->count) - 1);
+        int damaged;
+        pop_checked(&pc->head, &damaged);
+        KP_STORE(pc->count, damaged ? 0 : KP_LOAD(pc->count) - 1);
     } else if (pc->fresh < pc->fresh_end) {
         p = pc->fresh;
         pc->fresh += pool->block_size;
@@ -505,8 +532,9 @@ static __attribute__((noinline)) void *cached_alloc_slow(kp_pool *pool) {
         _kp_lock(&pool->lock);
         p = pool->free_list;     /* blocks left by threads without a cache */
         if (p) {
-            pool->free_list = *(void **)p;
-            pool->free_count--;
+            int damaged;
+            pop_checked(&pool->free_list, &damaged);
+            pool->free_count = damaged ? 0 : pool->free_count - 1;
             KP_BUMP(pc->moved, 1);   /* as if it came through the cache's list */
         } else {
             uint32_t got = 0;
@@ -536,7 +564,9 @@ void *kp_pool_alloc(kp_pool *pool) {
     kp_pool_cache *pc = &_kp_tls_tcache->pools[pool->slot];   /* the empty cache's slots are unused */
     void *p = pc->head;
     if (KP_LIKELY(p != NULL && KP_LOAD(pc->pool_id) == pool->id)) {
-        pc->head = *(void **)p;
+        void *next = _kp_next(p);
+        if (KP_UNLIKELY(!_kp_link_ok(next))) return cached_alloc_slow(pool);   /* reports it */
+        pc->head = next;
         mark_live(p);
         KP_BUMP(pc->count, -1);
         KP_BUMP(pc->allocs, 1);
@@ -547,7 +577,7 @@ void *kp_pool_alloc(kp_pool *pool) {
 
 static inline __attribute__((always_inline)) void cached_push(kp_pool *pool, kp_pool_cache *pc, void *p) {
     mark_free(pool, p);
-    *(void **)p = pc->head;
+    _kp_set_next(p, pc->head);
     pc->head = p;
     uint32_t n = KP_LOAD(pc->count) + 1;
     KP_STORE(pc->count, n);
@@ -617,9 +647,8 @@ void _kp_pool_thread_flush(kp_tcache *tc) {
             KP_BUMP(pool->misses, KP_LOAD(pc->misses));
             KP_STORE(pc->pool_id, 0);
             give_fresh(pool, pc);
-            while (pc->head) {
-                void *p = pc->head;
-                pc->head = *(void **)p;
+            for (void *p = pc->head, *next; p && _kp_link_ok(p); p = next) {
+                next = _kp_next(p);
                 free_list_push(pool, p);
             }
             _kp_unlock(&pool->lock);
@@ -727,17 +756,17 @@ size_t kp_pool_trim(kp_pool *pool) {
         give_fresh(pool, &tc->pools[pool->slot]);
     }
     for (kp_batch *b; pool->slot >= 0 && (b = stack_pop(pool, &pool->top)) != NULL;) {
-        while (b->head) {
-            void *p = b->head;
-            b->head = *(void **)p;
+        for (void *p = b->head, *next; p && _kp_link_ok(p); p = next) {
+            next = _kp_next(p);
             free_list_push(pool, p);
         }
+        b->head = NULL;
         stack_push(pool, &pool->spare, b);
     }
     /* count free blocks per chunk in span->allocated (unused for chunks) */
     for (kp_span *s = pool->chunks.next; s != &pool->chunks; s = s->next) s->allocated = 0;
     size_t listed = 0;
-    for (void *p = pool->free_list; p && listed <= pool->free_count; p = *(void **)p, listed++)
+    for (void *p = pool->free_list; p && _kp_link_ok(p) && listed <= pool->free_count; p = _kp_next(p), listed++)
         _kp_pagemap_get((uintptr_t)p >> KP_PAGE_SHIFT)->allocated++;
     size_t released = 0;
     if (listed != pool->free_count) {     /* a list damaged by a racing misuse: keep every chunk */
@@ -745,15 +774,15 @@ size_t kp_pool_trim(kp_pool *pool) {
         _kp_error("kp_pool_trim", pool, "the pool's free list is damaged (blocks freed twice at once?)");
         return 0;
     }
-    void **link = &pool->free_list;
-    while (*link) {
-        void *p = *link;
+    for (void *p = pool->free_list, *prev = NULL, *next; p; p = next) {
+        next = _kp_next(p);
         kp_span *s = _kp_pagemap_get((uintptr_t)p >> KP_PAGE_SHIFT);
-        if (s->allocated == s->carved) {
-            *link = *(void **)p;     /* drop from the list; its chunk goes */
+        if (s->allocated == s->carved) {     /* drop from the list; its chunk goes */
+            if (prev) _kp_set_next(prev, next);
+            else pool->free_list = next;
             pool->free_count--;
         } else {
-            link = (void **)p;
+            prev = p;
         }
     }
     for (kp_span *s = pool->chunks.next; s != &pool->chunks;) {

@@ -96,13 +96,37 @@ kp_tcache *_kp_tcache_get(void) {
     return tc;
 }
 
-/* Detach the first n objects of list l (n <= count). */
-static void *take_front(kp_tlist *l, unsigned n) {
+void _kp_tcache_pop(kp_tlist *l, void *p) {
+    void *next = _kp_next(p);
+    if (!_kp_link_ok(next)) {
+        _kp_report_bad_link("kp_malloc", p);
+        next = NULL;                    /* the rest is lost, but never handed out */
+        KP_STORE(l->count, 1);
+    }
+    l->head = next;
+    KP_STORE(l->count, KP_LOAD(l->count) - 1);
+}
+
+/* Detach the first n objects of list l (n <= count); *got says how many
+ * it could (fewer if a damaged link ends the list early). */
+static void *take_front(kp_tlist *l, unsigned n, unsigned *got) {
     void *head = l->head, *last = head;
-    for (unsigned i = 1; i < n; i++) last = *(void **)last;
-    l->head = *(void **)last;
-    *(void **)last = NULL;
-    KP_STORE(l->count, KP_LOAD(l->count) - n);
+    unsigned i = 1;
+    for (; i < n; i++) {
+        void *next = _kp_next(last);
+        if (!_kp_link_ok(next) || !next) break;
+        last = next;
+    }
+    void *rest = _kp_next(last);
+    if (!_kp_link_ok(rest)) {
+        _kp_report_bad_link("kp_free", last);
+        rest = NULL;
+        KP_STORE(l->count, i);
+    }
+    l->head = rest;
+    _kp_set_next(last, NULL);
+    KP_STORE(l->count, KP_LOAD(l->count) - i);
+    *got = i;
     return head;
 }
 
@@ -110,7 +134,7 @@ static void give_back(kp_tcache *tc, unsigned cls, unsigned n) {
     kp_tlist *l = &tc->lists[cls];
     if (n > KP_LOAD(l->count)) n = KP_LOAD(l->count);
     if (n == 0) return;
-    void *chain = take_front(l, n);
+    void *chain = take_front(l, n, &n);
     _kp_central_return(cls, chain, n);
     KP_BUMP(tc->moves[cls].returned, n);
     KP_STAT_BUMP(tc->counters.central_returns, 1);
@@ -176,10 +200,9 @@ void *_kp_tcache_refill(kp_tcache *tc, unsigned cls) {
     KP_STAT_BUMP(tc->counters.tcache_misses, 1);
     KP_STAT_BUMP(tc->counters.central_fetches, 1);
     kp_assert(l->head == NULL);    /* refills happen only when the list is empty */
-    void *obj = head;
-    l->head = *(void **)obj;
-    KP_STORE(l->count, KP_LOAD(l->count) + got - 1);
-    return obj;
+    KP_STORE(l->count, got);
+    _kp_tcache_pop(l, head);
+    return head;
 }
 
 void _kp_tcache_overflow(kp_tcache *tc, unsigned cls) {
@@ -273,7 +296,7 @@ static void thread_exit(void *arg) {
 static void recount(kp_tcache *tc) {
     for (unsigned c = 1; c < KP_NUM_CLASSES; c++) {
         uint32_t n = 0;
-        for (void *p = tc->lists[c].head; p; p = *(void **)p) n++;
+        for (void *p = tc->lists[c].head; p && _kp_link_ok(p); p = _kp_next(p)) n++;
         KP_STORE(tc->lists[c].count, n);
     }
 }

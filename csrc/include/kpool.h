@@ -18,11 +18,22 @@
  *     it;
  *   - a pool, arena or large block given to a call that is not its own
  *     (kp_free of a pool block, kp_realloc of an arena block, ...);
- *   - a small block freed twice in a row by one thread;
+ *   - a small block freed twice, however long after the first free and
+ *     from whichever thread (exact for frees ordered between threads; a
+ *     free block holds a random mark in its second word, so only a live
+ *     block whose second word the program set to that very value would be
+ *     taken for a free one);
+ *   - a write into a freed block's first word (a use after free, or an
+ *     overflow from the block before it): free-list links are stored
+ *     encoded with a random key, and the allocation that would follow the
+ *     damaged link reports it instead of handing out the address written
+ *     (the rest of that list is dropped: never handed out, not reused);
  *   - every kp_pool_free of anything but a live block of that pool.
+ * The two hardening measures above cost one load and two stores per
+ * alloc/free pair; a build with -DKP_HARDEN=0 leaves them out (then only a
+ * small block freed twice in a row by one thread is caught).
  * Only a KP_DEBUG build also detects, for small blocks (256 KiB or less): a
- * double free that is not the thread's last free of that size, a pointer
- * inside a block, a slot of a span that was never handed out, and
+ * pointer inside a block, a slot of a span that was never handed out, and
  * kp_free_sized with a size larger than the block. A release build accepts
  * those silently, and later allocations may overlap.
  *

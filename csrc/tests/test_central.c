@@ -5,7 +5,7 @@
 
 static unsigned chain_length(void *head) {
     unsigned n = 0;
-    for (; head; head = *(void **)head) n++;
+    for (; head; head = _kp_next(head)) n++;
     return n;
 }
 
@@ -16,7 +16,7 @@ static void test_fetch_and_return_batches(void) {
     CHECK_EQ(got, 32);
     CHECK_EQ(chain_length(head), 32);
     CHECK(_kp_central_is_valid(cls));
-    for (void *p = head; p; p = *(void **)p) CHECK(_kp_pagemap_class(p) == cls);
+    for (void *p = head; p; p = _kp_next(p)) CHECK(_kp_pagemap_class(p) == cls);
     size_t free_before = KP_LOAD(_kp_central(cls)->free_objects);
     _kp_central_return(cls, head, got);     /* a whole batch: kept in a transfer slot */
     CHECK(_kp_central(cls)->used >= 1);
@@ -44,8 +44,8 @@ static void test_empty_spans_go_back(void) {
         CHECK(got > 0);
         if (!got) break;
         void *tail = head;
-        while (*(void **)tail) tail = *(void **)tail;
-        *(void **)tail = all;
+        while (_kp_next(tail)) tail = _kp_next(tail);
+        _kp_set_next(tail, all);
         all = head;
         total += got;
     }
@@ -63,7 +63,7 @@ static void test_objects_are_distinct_and_in_bounds(void) {
     unsigned got = _kp_central_fetch(cls, 32, &head);
     void *seen[32];
     unsigned n = 0;
-    for (void *p = head; p; p = *(void **)p) seen[n++] = p;
+    for (void *p = head; p; p = _kp_next(p)) seen[n++] = p;
     CHECK_EQ(n, got);
     for (unsigned i = 0; i < n; i++)
         for (unsigned j = i + 1; j < n; j++) {
