@@ -55,6 +55,13 @@ static void *uncached_alloc(unsigned cls, size_t size) {
     return head;
 }
 
+/* A KPOOL_GUARD block: it ends at an inaccessible page. */
+static void *guarded_alloc(size_t size, size_t align) {
+    kp_span *s = _kp_pageheap_guarded_alloc(size, align);
+    if (!s) errno = ENOMEM;
+    return s ? s->freelist : NULL;
+}
+
 static void *small_alloc_slow(unsigned cls, size_t size) {
     if (KP_UNLIKELY(cls == 0)) {
         /* The class tables are all zero until kpool is initialised: this is
@@ -62,6 +69,11 @@ static void *small_alloc_slow(unsigned cls, size_t size) {
          * a C++ static initialiser, a preloaded malloc's first caller). */
         _kp_init();
         cls = _kp_size_class(size);
+    }
+    if (KP_UNLIKELY(_kp_guard_every) && _kp_guard_sample()) {
+        /* the class's own alignment (kp_aligned_alloc picks classes by it) */
+        size_t csize = _kp_classes[cls].size, align = csize & -csize;
+        return guarded_alloc(size, align < KP_PAGE_SIZE ? align : KP_PAGE_SIZE);
     }
     kp_tcache *tc = _kp_tcache_get();
     void *p;
@@ -181,7 +193,12 @@ static void *large_alloc(size_t size, size_t align, int *zeroed) {
     if (npages == 0) npages = 1;
     size_t align_pages = align > KP_PAGE_SIZE ? align >> KP_PAGE_SHIFT : 1;
     int fresh = 0;
-    kp_span *s = _kp_pageheap_large_alloc(npages, align_pages, size, &fresh);
+    kp_span *s;
+    if (KP_UNLIKELY(_kp_guard_every) && _kp_guard_sample()) {
+        if (zeroed) *zeroed = 1;                /* its own fresh mapping */
+        return guarded_alloc(size, align);
+    }
+    s = _kp_pageheap_large_alloc(npages, align_pages, size, &fresh);
     if (!s) {
         errno = ENOMEM;
         return NULL;
@@ -195,7 +212,14 @@ static void *large_alloc(size_t size, size_t align, int *zeroed) {
  * the same block cannot both pass the check. */
 static kp_span *large_span_locked(const void *p) {
     kp_span *s = _kp_span_of(p);
-    return s && s->state == KP_SPAN_LARGE && (uintptr_t)p == (s->start << KP_PAGE_SHIFT) ? s : NULL;
+    if (!s || s->state != KP_SPAN_LARGE) return NULL;
+    void *start = s->guarded ? s->freelist : (void *)(s->start << KP_PAGE_SHIFT);
+    return p == start ? s : NULL;
+}
+
+/* Bytes from p, the start of large block s, to the end of its pages. */
+static size_t large_usable(const kp_span *s, const void *p) {
+    return ((s->start + s->npages) << KP_PAGE_SHIFT) - (uintptr_t)p;
 }
 
 /* What a pointer that is not a live block is, for the error message. */
@@ -219,7 +243,8 @@ static void free_other(void *p, unsigned cls, const char *call) {
     _kp_lock(lk);
     kp_span *s = cls == KP_CLASS_LARGE ? large_span_locked(p) : NULL;
     int ok = s != NULL;
-    if (ok) _kp_pageheap_large_free_locked(s);
+    if (ok && s->guarded) _kp_pageheap_guarded_free_locked(s);
+    else if (ok) _kp_pageheap_large_free_locked(s);
     _kp_unlock(lk);
     if (ok) return;
     const char *what = not_live_reason(p, cls);
@@ -233,7 +258,7 @@ static void free_other(void *p, unsigned cls, const char *call) {
 void *kp_malloc(size_t size) {
     if (KP_LIKELY(size <= KP_FINE_MAX)) return small_alloc(_kp_class_fine[(size + KP_FINE_STEP - 1) / KP_FINE_STEP], size);
     if (size <= KP_SMALL_MAX) return small_alloc(_kp_class_coarse[(size + KP_COARSE_STEP - 1) / KP_COARSE_STEP], size);
-    return large_alloc(size, KP_PAGE_SIZE, NULL);
+    return large_alloc(size, KP_MIN_ALIGN, NULL);
 }
 
 void *kp_calloc(size_t count, size_t size) {
@@ -246,7 +271,7 @@ void *kp_calloc(size_t count, size_t size) {
         /* Pages fresh from the OS, or given back with MADV_DONTNEED, are
          * zero already: writing them would only make them resident. */
         int zeroed = 0;
-        void *p = large_alloc(total, KP_PAGE_SIZE, &zeroed);
+        void *p = large_alloc(total, KP_MIN_ALIGN, &zeroed);
         if (p && !zeroed) memset(p, 0, total);
         return p;
     }
@@ -300,7 +325,7 @@ size_t kp_usable_size(const void *p) {
     if (cls == KP_CLASS_LARGE) {
         _kp_lock(_kp_pageheap_lock());
         kp_span *s = large_span_locked(p);
-        size_t n = s ? s->npages * KP_PAGE_SIZE : 0;
+        size_t n = s ? large_usable(s, p) : 0;
         _kp_unlock(_kp_pageheap_lock());
         return n;
     }
@@ -358,7 +383,11 @@ static void *large_realloc(void *p, size_t size) {
         errno = EINVAL;
         return NULL;
     }
-    size_t usable = s->npages * KP_PAGE_SIZE;
+    size_t usable = large_usable(s, p);
+    if (s->guarded) {                         /* a guarded block keeps its guard: a new block */
+        _kp_unlock(lk);
+        return size == 0 ? realloc_to_zero(p) : realloc_move(p, usable, size);
+    }
     size_t npages = (size + KP_PAGE_SIZE - 1) >> KP_PAGE_SHIFT;
     int kept = size != 0 && npages <= s->npages && npages > s->npages / 2;
     if (!kept && size <= KP_SMALL_MAX) {      /* a small block now, or none */

@@ -12,8 +12,10 @@
  */
 #include "kp_internal.h"
 
+#include <signal.h>
 #include <stdlib.h>
 #include <sys/auxv.h>
+#include <unistd.h>
 
 _Atomic int _kp_initialized;
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
@@ -72,8 +74,75 @@ void _kp_report_bad_link(const char *call, const void *obj) {
                          "block before it): its free-list link is damaged; the rest of the list is dropped");
 }
 
+/* ---- guard sampling (KPOOL_GUARD) -------------------------------------------- */
+
+unsigned _kp_guard_every;
+static _Atomic unsigned guard_count;
+static struct sigaction prev_segv;
+
+int _kp_guard_sample(void) {
+    return atomic_fetch_add_explicit(&guard_count, 1, memory_order_relaxed) % _kp_guard_every == 0;
+}
+
+/* Append s, or x in base 10 or 16, to buf at *n (async-signal-safe). */
+static void put_str(char *buf, size_t *n, size_t cap, const char *s) {
+    while (*s && *n + 1 < cap) buf[(*n)++] = *s++;
+}
+static void put_num(char *buf, size_t *n, size_t cap, uintptr_t x, unsigned base) {
+    char tmp[24];
+    int k = 0;
+    do { tmp[k++] = "0123456789abcdef"[x % base]; x /= base; } while (x);
+    if (base == 16) put_str(buf, n, cap, "0x");
+    while (k && *n + 1 < cap) buf[(*n)++] = tmp[--k];
+}
+
+/* A fault on a guard page: name the block, then die of the signal as the
+ * program would have. Any other fault goes to the handler that was there. */
+static void on_fault(int sig, siginfo_t *si, void *ctx) {
+    uintptr_t at = (uintptr_t)si->si_addr;
+    kp_span *s = _kp_pagemap_get(at >> KP_PAGE_SHIFT);
+    if (s && s->state == KP_SPAN_LARGE && s->guarded && (at >> KP_PAGE_SHIFT) == s->start + s->npages) {
+        char msg[256];
+        size_t n = 0;
+        uintptr_t block = (uintptr_t)s->freelist;
+        put_str(msg, &n, sizeof msg, "kpool: KPOOL_GUARD caught an access at ");
+        put_num(msg, &n, sizeof msg, at, 16);
+        put_str(msg, &n, sizeof msg, ", ");
+        put_num(msg, &n, sizeof msg, at - (block + s->requested), 10);
+        put_str(msg, &n, sizeof msg, " bytes past the end of a block of ");
+        put_num(msg, &n, sizeof msg, s->requested, 10);
+        put_str(msg, &n, sizeof msg, " bytes at ");
+        put_num(msg, &n, sizeof msg, block, 16);
+        put_str(msg, &n, sizeof msg, " (a heap overflow)\n");
+        if (write(2, msg, n) < 0) {}
+        signal(sig, SIG_DFL);                 /* the access faults again and ends the process */
+        return;
+    }
+    if (prev_segv.sa_flags & SA_SIGINFO) {
+        prev_segv.sa_sigaction(sig, si, ctx);
+    } else if (prev_segv.sa_handler == SIG_DFL || prev_segv.sa_handler == SIG_IGN) {
+        signal(sig, SIG_DFL);
+    } else {
+        prev_segv.sa_handler(sig);
+    }
+}
+
+static void start_guard_sampling(void) {
+    const char *env = getenv("KPOOL_GUARD");
+    unsigned long every = env && *env ? strtoul(env, NULL, 10) : 0;
+    if (every == 0 || every > UINT32_MAX) return;
+    _kp_guard_every = (unsigned)every;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_fault;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGSEGV, &sa, &prev_segv);
+}
+
 static void init_once_body(void) {
     draw_secret();
+    start_guard_sampling();
     _kp_pagemap_init();
     _kp_sizeclass_init();
     _kp_pageheap_init();

@@ -128,6 +128,10 @@ static inline void _kp_lock(kp_lock *l) {
 static inline void _kp_unlock(kp_lock *l) { pthread_mutex_unlock(&l->mutex); }
 
 /* ---- init.c: process setup, fork, errors -------------------------------- */
+/* KPOOL_GUARD=N: one allocation in N (that reaches a slow path; thread
+ * caches are off in that mode, so every one does) gets a guard page. */
+KP_INTERNAL extern unsigned _kp_guard_every;
+KP_INTERNAL int _kp_guard_sample(void);   /* 1 if this allocation is guarded */
 KP_INTERNAL void _kp_init(void);                   /* idempotent, thread-safe */
 KP_INTERNAL extern _Atomic int _kp_initialized;
 KP_INTERNAL void _kp_error(const char *call, const void *ptr, const char *what);
@@ -153,6 +157,7 @@ KP_INTERNAL void _kp_os_hint_huge(void *p, size_t size);
  * bytes that they replace (mremap); the old range is unmapped. 0, or -1
  * with nothing changed. Subject to the test hook. */
 KP_INTERNAL int _kp_os_move(void *old, size_t old_size, size_t new_size, void *dst);
+KP_INTERNAL int _kp_os_protect_none(void *p, size_t size);   /* 0 on success */
 /* Reserve size bytes of zero pages that are charged only when written
  * (MAP_NORESERVE, no huge pages); NULL when the address space is not there.
  * Not subject to the test hook. */
@@ -203,6 +208,10 @@ KP_INTERNAL void _kp_pageheap_large_requested_locked(kp_span *s, size_t requeste
 KP_INTERNAL int _kp_pageheap_large_resize_locked(kp_span *s, size_t npages);
 /* Move s's pages to a new range of npages pages (mremap: no copy); 0 or -1. */
 KP_INTERNAL int _kp_pageheap_large_move_locked(kp_span *s, size_t npages);
+/* KPOOL_GUARD: a block of size bytes that ends at an inaccessible page (its
+ * span's freelist holds the block's address); NULL + ENOMEM. */
+KP_INTERNAL kp_span *_kp_pageheap_guarded_alloc(size_t size, size_t align);
+KP_INTERNAL void _kp_pageheap_guarded_free_locked(kp_span *s);   /* REQUIRES page heap lock */
 /* Release every free span's pages to the OS; bytes released. */
 KP_INTERNAL size_t _kp_pageheap_trim(void);
 /* Run the time-based decay if the lock is free (never waits). */
@@ -320,7 +329,7 @@ static inline kp_span *_kp_pagemap_get(uintptr_t pn) {
 typedef struct kp_classmap {
     _Atomic size_t pages;
     _Atomic uintptr_t base;
-    _Atomic uint8_t *bytes;
+    _Atomic(_Atomic(uint8_t) *) bytes;
 } kp_classmap;
 KP_INTERNAL extern kp_classmap _kp_classmap;
 KP_INTERNAL unsigned _kp_pagemap_class_radix(const void *p);
@@ -330,14 +339,16 @@ KP_INTERNAL unsigned _kp_pagemap_class_radix(const void *p);
 static inline unsigned _kp_pagemap_class_flat(const void *p) {
     size_t pages = atomic_load_explicit(&_kp_classmap.pages, memory_order_acquire);
     uintptr_t idx = ((uintptr_t)p >> KP_PAGE_SHIFT) - atomic_load_explicit(&_kp_classmap.base, memory_order_relaxed);
-    if (KP_LIKELY(idx < pages)) return atomic_load_explicit(&_kp_classmap.bytes[idx], memory_order_relaxed);
+    if (KP_LIKELY(idx < pages))
+        return atomic_load_explicit(&atomic_load_explicit(&_kp_classmap.bytes, memory_order_relaxed)[idx], memory_order_relaxed);
     return 0;
 }
 
 static inline unsigned _kp_pagemap_class(const void *p) {
     size_t pages = atomic_load_explicit(&_kp_classmap.pages, memory_order_acquire);
     uintptr_t idx = ((uintptr_t)p >> KP_PAGE_SHIFT) - atomic_load_explicit(&_kp_classmap.base, memory_order_relaxed);
-    if (KP_LIKELY(idx < pages)) return atomic_load_explicit(&_kp_classmap.bytes[idx], memory_order_relaxed);
+    if (KP_LIKELY(idx < pages))
+        return atomic_load_explicit(&atomic_load_explicit(&_kp_classmap.bytes, memory_order_relaxed)[idx], memory_order_relaxed);
     return _kp_pagemap_class_radix(p);
 }
 

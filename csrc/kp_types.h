@@ -158,6 +158,8 @@ typedef struct kp_span {
     uint8_t state;                /* kp_span_state */
     uint8_t released;             /* FREE: pages given back to the OS */
     uint8_t on_list;              /* SMALL: in the central partial list */
+    uint8_t guarded;              /* LARGE: a KPOOL_GUARD block, its own mapping; freelist
+                                     holds the block, the page after the span is inaccessible */
 #if KP_DEBUG
     _Atomic uint64_t live_bits[8]; /* SMALL: one bit per object handed to a user */
 #endif

@@ -75,6 +75,8 @@ void *_kp_os_reserve(size_t size) {
     return p;
 }
 
+int _kp_os_protect_none(void *p, size_t size) { return mprotect(p, size, PROT_NONE); }
+
 int _kp_os_move(void *old, size_t old_size, size_t new_size, void *dst) {
     if (should_fail(&os_fail_next)) return -1;
     void *moved = mremap(old, old_size, new_size, MREMAP_MAYMOVE | MREMAP_FIXED, dst);

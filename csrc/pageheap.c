@@ -520,6 +520,61 @@ void _kp_pageheap_free_locked(kp_span *s) {
     publish_figures();
 }
 
+/* ---- guarded blocks (KPOOL_GUARD) --------------------------------------------
+ * A sampled block gets a mapping of its own: its pages, then one
+ * inaccessible kpool page. The block ends where that page starts (as near
+ * as its alignment allows), so a write past its end faults at once; the
+ * guard page maps to the span so the fault handler (init.c) can name the
+ * block. Freed guarded blocks are unmapped. They count as large blocks. */
+kp_span *_kp_pageheap_guarded_alloc(size_t size, size_t align) {
+    size_t npages = (size + KP_PAGE_SIZE - 1) >> KP_PAGE_SHIFT;
+    if (npages == 0) npages = 1;
+    size_t bytes = (npages + 1) * KP_PAGE_SIZE;
+    char *base = _kp_os_map(bytes, align > KP_PAGE_SIZE ? align : KP_PAGE_SIZE);
+    if (!base) return NULL;
+    uintptr_t pn = (uintptr_t)base >> KP_PAGE_SHIFT;
+    char *guard = base + npages * KP_PAGE_SIZE;
+    if (_kp_os_protect_none(guard, KP_PAGE_SIZE) != 0) {
+        _kp_os_unmap(base, bytes);
+        return NULL;
+    }
+    _kp_lock(&ph.lock);
+    kp_span *s = _kp_pagemap_ensure(pn, npages + 1) == 0 ? new_span_struct(pn, npages) : NULL;
+    if (!s) {
+        _kp_unlock(&ph.lock);
+        _kp_os_unmap(base, bytes);
+        errno = ENOMEM;
+        return NULL;
+    }
+    uintptr_t block = ((uintptr_t)guard - _kp_align_up(size ? size : 1, KP_MIN_ALIGN)) & ~(uintptr_t)(align - 1);
+    s->state = KP_SPAN_LARGE;
+    s->guarded = 1;
+    s->freelist = (void *)block;
+    _kp_pagemap_set_ends(pn, npages, s);
+    _kp_pagemap_set(pn + npages, s);                 /* the guard page names its block */
+    _kp_pagemap_set_class(pn, npages, KP_CLASS_LARGE);
+    ph.mapped_bytes += npages * KP_PAGE_SIZE;        /* the guard page is address space only */
+    ph.state_bytes[KP_SPAN_LARGE] += npages * KP_PAGE_SIZE;
+    count_large(s, size);
+    publish_figures();
+    _kp_unlock(&ph.lock);
+    return s;
+}
+
+void _kp_pageheap_guarded_free_locked(kp_span *s) {
+    size_t bytes = s->npages * KP_PAGE_SIZE;
+    ph.large_bytes -= bytes;
+    ph.large_requested -= s->requested;
+    ph.large_frees++;
+    ph.mapped_bytes -= bytes;
+    ph.state_bytes[KP_SPAN_LARGE] -= bytes;
+    _kp_pagemap_set_class(s->start, s->npages, 0);
+    _kp_pagemap_set_range(s->start, s->npages + 1, NULL);   /* the range goes back to the OS */
+    _kp_os_unmap((void *)(s->start << KP_PAGE_SHIFT), bytes + KP_PAGE_SIZE);
+    kill_span_struct(s);
+    publish_figures();
+}
+
 /* ---- giving memory back ------------------------------------------------------ */
 
 /* Release a normal free span's pages and re-file it as released, merged

@@ -64,7 +64,7 @@ static void make_key(void) { atomic_store(&key_ok, pthread_key_create(&exit_key,
 
 int _kp_tcache_disabled(void) {
     pthread_once(&key_once, make_key);
-    return !atomic_load(&key_ok);
+    return !atomic_load(&key_ok) || _kp_guard_every;
 }
 
 kp_tcache *_kp_tcache_get(void) {
@@ -73,7 +73,9 @@ kp_tcache *_kp_tcache_get(void) {
     if (tls_exited) return NULL;
     _kp_init();
     pthread_once(&key_once, make_key);
-    if (!atomic_load_explicit(&key_ok, memory_order_relaxed)) return NULL;
+    /* no key: no way to give a cache back at exit; guard sampling: every
+     * allocation must reach the slow path that samples it */
+    if (!atomic_load_explicit(&key_ok, memory_order_relaxed) || _kp_guard_every) return NULL;
     tc = _kp_meta_alloc(sizeof(kp_tcache));
     if (!tc) return NULL;
     memset(tc, 0, sizeof *tc);

@@ -37,6 +37,16 @@
  * kp_free_sized with a size larger than the block. A release build accepts
  * those silently, and later allocations may overlap.
  *
+ * Guard sampling: KPOOL_GUARD=N in the environment places every Nth
+ * allocation (small or large; N=1: all of them) on its own pages, ending
+ * where the block ends, with an inaccessible page after it. A write or
+ * read past the block's usable size then faults at once, and kpool's
+ * SIGSEGV handler prints the block's address and size before the signal
+ * takes its course (a handler installed before kpool's is chained). Freed
+ * guarded blocks are unmapped, so a later use faults too (until the
+ * address is mapped again). Thread caches are off while sampling (each
+ * call takes the shared lists): a debugging mode, not a release setting.
+ *
  * Start-up: every function works from the first call, also before kpool's
  * own constructor has run (from another library's constructor, a C++
  * static initialiser, a preloaded malloc's first caller); the first call
