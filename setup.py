@@ -5,6 +5,8 @@ Layout of the installed package (DESIGN.md section 3):
 
     kpool/libkpool.so          the core (soname libkpool.so); one heap per process
     kpool/_core.*.so           the CPython binding, linked to ./libkpool.so (rpath $ORIGIN)
+    kpool/libkpool-malloc.so   kpool as the process's malloc (LD_PRELOAD; kpool.get_preload()),
+                               its own copy of the core, exporting only the allocation calls
     kpool/kpool-stress         the stress driver as an executable (rpath $ORIGIN)
     kpool/include/kpool.h      the public header (kpool.get_include())
 
@@ -85,6 +87,15 @@ class kpool_build_ext(build_ext):
         lib = os.path.join(pkgdir, "libkpool.so")
         cc.link_shared_object(objs, lib, extra_postargs=["-Wl,-soname,libkpool.so", "-pthread", "-lm"])
         self.extra_outputs.append((lib, "libkpool.so"))
+
+        # 1b. the drop-in malloc: the same objects plus the shim, exports by version script
+        preload_c = os.path.join(CSRC, "preload", "malloc.c")
+        preload_objs = cc.compile([preload_c], output_dir=tmp, include_dirs=incs,
+                                  extra_postargs=CORE_FLAGS + ["-fexceptions"], depends=self._core_headers())
+        preload = os.path.join(pkgdir, "libkpool-malloc.so")
+        cc.link_shared_object(preload_objs + objs, preload, extra_postargs=[
+            "-Wl,--version-script=" + os.path.join(CSRC, "preload", "exports.map"), "-pthread", "-lm"])
+        self.extra_outputs.append((preload, "libkpool-malloc.so"))
 
         # 2. the header, for kpool.get_include()
         incdir = os.path.join(pkgdir, "include")

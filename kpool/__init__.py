@@ -82,11 +82,14 @@ from ._core import (  # noqa: F401  (re-exported API)
     trim,
 )
 from ._objectpool import ObjectPool
+from ._preload import get_preload, run
 
 __all__ = [
     "__version__",
     "get_include",
     "get_library",
+    "get_preload",
+    "run",
     "malloc",
     "Block",
     "BufferPool",

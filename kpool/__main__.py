@@ -5,6 +5,9 @@
                           [--plot PATH] [--compare OLD.json] [--list]
         the comparison of kpool with glibc, jemalloc, tcmalloc and mimalloc
         (kpool.bench); `python -m kpool bench --help` lists every flag.
+    python -m kpool run [--stats] [--] CMD [ARGS...]
+        runs CMD with kpool as its malloc (LD_PRELOAD=kpool.get_preload());
+        --stats prints kpool's statistics to stderr at exit.
     python -m kpool
         a short demonstration: a block, a pool, the statistics, a stress run.
 """
@@ -38,10 +41,13 @@ def main(argv=None):
     if argv[0] == "bench":
         from . import bench
         return bench.main(argv[1:])
+    if argv[0] == "run":
+        from . import _preload
+        return _preload.main(argv[1:])
     if argv[0] in ("-h", "--help", "help"):
         print(__doc__)
         return 0
-    print(f"python -m kpool: unknown command {argv[0]!r} (try: bench)", file=sys.stderr)
+    print(f"python -m kpool: unknown command {argv[0]!r} (try: bench, run)", file=sys.stderr)
     return 2
 
 

@@ -1,0 +1,284 @@
+/* preload/malloc.c: libkpool-malloc.so, kpool as the process's malloc.
+ *
+ * LD_PRELOAD=libkpool-malloc.so (or linking it before libc) routes the C
+ * allocation calls, and C++'s operator new and delete, to kpool's heap.
+ * The library holds its own copy of the core, compiled with hidden
+ * visibility; its version script exports exactly the symbols defined here.
+ *
+ * Semantics follow glibc's where C leaves a choice: malloc(0) and
+ * realloc(NULL, 0) return a unique block; realloc(p, 0) frees p and returns
+ * NULL; overflow in calloc and reallocarray gives ENOMEM; posix_memalign
+ * returns EINVAL or ENOMEM and leaves *memptr alone; memalign rounds an
+ * alignment up to a power of two; free keeps errno.
+ *
+ * Foreign pointers: a pointer kpool never mapped (glibc's own __libc_malloc
+ * blocks, say) is handed to glibc: free to __libc_free, realloc to
+ * __libc_realloc, malloc_usable_size to glibc's, so glibc judges it exactly
+ * as it would without kpool. Telling the two apart is one lock-free load of
+ * kpool's class map (kp_owns). Such frees are counted (KPOOL_STATS=1).
+ *
+ * C++: operator new calls the new_handler and retries, then throws
+ * std::bad_alloc, through libstdc++'s own functions found at run time, so
+ * this library stays C and adds no libstdc++ to C programs. Sized and
+ * aligned deletes go to kp_free_sized / kp_free.
+ *
+ * Start-up: the first call initialises kpool (no stdio, no dlsym, no malloc
+ * of its own on that path). Locks: none here; those of the core.
+ */
+#include "kp_internal.h"
+
+#include <dlfcn.h>
+#include <malloc.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#define EXPORT __attribute__((visibility("default")))
+
+/* glibc's allocator, for pointers that are not kpool's. */
+extern void __libc_free(void *p);
+extern void *__libc_realloc(void *p, size_t size);
+
+static _Atomic uint64_t foreign_frees;
+
+static void hand_foreign_to_glibc(void *p) {
+    atomic_fetch_add_explicit(&foreign_frees, 1, memory_order_relaxed);
+    __libc_free(p);
+}
+
+static void report_foreign_at_exit(void) {
+    uint64_t n = atomic_load_explicit(&foreign_frees, memory_order_relaxed);
+    fprintf(stderr, "kpool-malloc: %llu frees of pointers kpool did not allocate went to glibc\n",
+            (unsigned long long)n);
+}
+
+__attribute__((constructor)) static void preload_init(void) {
+    _kp_foreign_free_hook = hand_foreign_to_glibc;
+    _kp_init();
+    const char *show = getenv("KPOOL_STATS");
+    if (show && *show && *show != '0') atexit(report_foreign_at_exit);
+}
+
+/* Before the constructor ran, a foreign free must still go to glibc. */
+static inline void ensure_hook(void) {
+    if (KP_UNLIKELY(!_kp_foreign_free_hook)) _kp_foreign_free_hook = hand_foreign_to_glibc;
+}
+
+EXPORT void *malloc(size_t size) { return kp_malloc(size); }
+
+EXPORT void free(void *p) {
+    int saved = errno;
+    ensure_hook();
+    kp_free(p);
+    errno = saved;
+}
+
+EXPORT void *calloc(size_t count, size_t size) { return kp_calloc(count, size); }
+
+EXPORT void *realloc(void *p, size_t size) {
+    if (!p) return kp_malloc(size);
+    if (KP_UNLIKELY(!kp_owns(p))) return __libc_realloc(p, size);
+    if (size == 0) {
+        free(p);
+        return NULL;
+    }
+    return kp_realloc(p, size);
+}
+
+EXPORT void *reallocarray(void *p, size_t count, size_t size) {
+    size_t total;
+    if (__builtin_mul_overflow(count, size, &total)) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    return realloc(p, total);
+}
+
+/* glibc: alignments that are not a power of two are rounded up to one. */
+EXPORT void *memalign(size_t alignment, size_t size) {
+    if (alignment <= KP_MIN_ALIGN) return kp_malloc(size);
+    if (!_kp_is_pow2(alignment)) {
+        if (alignment > ((size_t)1 << 62)) {
+            errno = EINVAL;
+            return NULL;
+        }
+        alignment = (size_t)1 << (64 - __builtin_clzll(alignment));
+    }
+    return kp_aligned_alloc(alignment, size);
+}
+
+EXPORT void *aligned_alloc(size_t alignment, size_t size) {
+    if (!_kp_is_pow2(alignment)) {
+        errno = EINVAL;
+        return NULL;
+    }
+    return kp_aligned_alloc(alignment, size);
+}
+
+EXPORT int posix_memalign(void **memptr, size_t alignment, size_t size) {
+    if (!_kp_is_pow2(alignment) || alignment % sizeof(void *)) return EINVAL;
+    int saved = errno;
+    void *p = kp_aligned_alloc(alignment, size);
+    if (!p) {
+        int err = errno;
+        errno = saved;
+        return err == EINVAL ? EINVAL : ENOMEM;
+    }
+    *memptr = p;
+    return 0;
+}
+
+static size_t os_page(void) {
+    static _Atomic size_t page;
+    size_t n = atomic_load_explicit(&page, memory_order_relaxed);
+    if (!n) {
+        n = (size_t)sysconf(_SC_PAGESIZE);
+        atomic_store_explicit(&page, n, memory_order_relaxed);
+    }
+    return n;
+}
+
+EXPORT void *valloc(size_t size) { return kp_aligned_alloc(os_page(), size); }
+
+EXPORT void *pvalloc(size_t size) {
+    size_t page = os_page();
+    if (size > SIZE_MAX - page) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    return kp_aligned_alloc(page, size ? _kp_align_up(size, page) : page);
+}
+
+EXPORT size_t malloc_usable_size(void *p) {
+    if (!p) return 0;
+    if (KP_LIKELY(kp_owns(p))) return kp_usable_size(p);
+    static size_t (*glibc_usable)(void *);
+    if (!glibc_usable) glibc_usable = (size_t (*)(void *))dlsym(RTLD_NEXT, "malloc_usable_size");
+    return glibc_usable ? glibc_usable(p) : 0;
+}
+
+/* C23 */
+EXPORT void free_sized(void *p, size_t size) {
+    int saved = errno;
+    ensure_hook();
+    if (p && KP_UNLIKELY(!kp_owns(p))) hand_foreign_to_glibc(p);
+    else kp_free_sized(p, size);
+    errno = saved;
+}
+
+EXPORT void free_aligned_sized(void *p, size_t alignment, size_t size) {
+    (void)alignment;
+    free_sized(p, size);
+}
+
+EXPORT int malloc_trim(size_t pad) {
+    (void)pad;
+    return kp_trim() > 0;
+}
+
+/* glibc's figures, answered from kpool's: arena = bytes mapped, hblkhd =
+ * large blocks (their own spans), uordblks = in use, fordblks = free bytes
+ * held (caches, central lists, page heap), keepcost = the largest free span.
+ * Counts of chunks glibc keeps (ordblks, smblks, hblks) have no kpool
+ * meaning and are 0. */
+EXPORT struct mallinfo2 mallinfo2(void) {
+    kp_stats st = { .struct_size = offsetof(kp_stats, classes) };
+    struct mallinfo2 mi = { 0 };
+    if (kp_stats_get(&st) != 0) return mi;
+    mi.arena = st.bytes_mapped;
+    mi.hblkhd = st.bytes_large;
+    mi.uordblks = st.bytes_in_use;
+    mi.fordblks = st.bytes_free_tcaches + st.bytes_free_central + st.bytes_free_pageheap;
+    mi.keepcost = st.largest_free_span;
+    return mi;
+}
+
+EXPORT struct mallinfo mallinfo(void) {
+    struct mallinfo2 m = mallinfo2();
+    struct mallinfo mi = { 0 };
+#define CLAMP_INT(x) ((x) > (size_t)INT32_MAX ? INT32_MAX : (int)(x))
+    mi.arena = CLAMP_INT(m.arena);
+    mi.hblkhd = CLAMP_INT(m.hblkhd);
+    mi.uordblks = CLAMP_INT(m.uordblks);
+    mi.fordblks = CLAMP_INT(m.fordblks);
+    mi.keepcost = CLAMP_INT(m.keepcost);
+#undef CLAMP_INT
+    return mi;
+}
+
+EXPORT void malloc_stats(void) { kp_stats_print(stderr); }
+
+/* ---- C++ operators ------------------------------------------------------------
+ * The mangled names of operator new/delete. new: loop on the new_handler,
+ * then throw std::bad_alloc (nothrow forms return NULL). libstdc++'s
+ * functions are looked up when first needed: a program that calls
+ * operator new has libstdc++ loaded. */
+typedef void (*new_handler_fn)(void);
+typedef struct { char unused; } nothrow_tag;  /* std::nothrow_t, passed by reference */
+
+static void *cxx_symbol(const char *name) { return dlsym(RTLD_DEFAULT, name); }
+
+/* NULL when there is no new_handler (then the caller fails). */
+static int call_new_handler(void) {
+    static new_handler_fn (*get_handler)(void);
+    if (!get_handler) get_handler = (new_handler_fn (*)(void))cxx_symbol("_ZSt15get_new_handlerv");
+    new_handler_fn h = get_handler ? get_handler() : NULL;
+    if (!h) return 0;
+    h();
+    return 1;
+}
+
+__attribute__((noreturn)) static void throw_bad_alloc(void) {
+    void *(*allocate_exception)(size_t) = (void *(*)(size_t))cxx_symbol("__cxa_allocate_exception");
+    void (*cxa_throw)(void *, void *, void (*)(void *)) =
+        (void (*)(void *, void *, void (*)(void *)))cxx_symbol("__cxa_throw");
+    void *type_info = cxx_symbol("_ZTISt9bad_alloc");
+    char *vtable = cxx_symbol("_ZTVSt9bad_alloc");
+    void (*destroy)(void *) = (void (*)(void *))cxx_symbol("_ZNSt9bad_allocD1Ev");
+    if (allocate_exception && cxa_throw && type_info && vtable && destroy) {
+        void **e = allocate_exception(sizeof(void *));
+        *e = vtable + 2 * sizeof(void *);   /* the object's vptr: past offset-to-top and typeinfo */
+        cxa_throw(e, type_info, destroy);
+    }
+    static const char msg[] = "kpool-malloc: operator new: out of memory, and std::bad_alloc cannot be thrown\n";
+    if (write(2, msg, sizeof msg - 1) < 0) {}
+    abort();
+}
+
+static void *cxx_new(size_t size, size_t align, int nothrow) {
+    for (;;) {
+        void *p = align > KP_MIN_ALIGN ? kp_aligned_alloc(align, size) : kp_malloc(size);
+        if (KP_LIKELY(p != NULL)) return p;
+        if (!call_new_handler()) {
+            if (nothrow) return NULL;
+            throw_bad_alloc();
+        }
+    }
+}
+
+static void cxx_delete(void *p) { free(p); }
+static void cxx_delete_sized(void *p, size_t size) { free_sized(p, size); }
+
+/* operator new(size_t) and new[](size_t); the same with std::nothrow */
+EXPORT void *_Znwm(size_t n) { return cxx_new(n, 0, 0); }
+EXPORT void *_Znam(size_t n) { return cxx_new(n, 0, 0); }
+EXPORT void *_ZnwmRKSt9nothrow_t(size_t n, const nothrow_tag *t) { (void)t; return cxx_new(n, 0, 1); }
+EXPORT void *_ZnamRKSt9nothrow_t(size_t n, const nothrow_tag *t) { (void)t; return cxx_new(n, 0, 1); }
+/* aligned (C++17) */
+EXPORT void *_ZnwmSt11align_val_t(size_t n, size_t a) { return cxx_new(n, a, 0); }
+EXPORT void *_ZnamSt11align_val_t(size_t n, size_t a) { return cxx_new(n, a, 0); }
+EXPORT void *_ZnwmSt11align_val_tRKSt9nothrow_t(size_t n, size_t a, const nothrow_tag *t) { (void)t; return cxx_new(n, a, 1); }
+EXPORT void *_ZnamSt11align_val_tRKSt9nothrow_t(size_t n, size_t a, const nothrow_tag *t) { (void)t; return cxx_new(n, a, 1); }
+/* delete and delete[]: plain, sized (C++14), nothrow, aligned, aligned sized */
+EXPORT void _ZdlPv(void *p) { cxx_delete(p); }
+EXPORT void _ZdaPv(void *p) { cxx_delete(p); }
+EXPORT void _ZdlPvm(void *p, size_t n) { cxx_delete_sized(p, n); }
+EXPORT void _ZdaPvm(void *p, size_t n) { cxx_delete_sized(p, n); }
+EXPORT void _ZdlPvRKSt9nothrow_t(void *p, const nothrow_tag *t) { (void)t; cxx_delete(p); }
+EXPORT void _ZdaPvRKSt9nothrow_t(void *p, const nothrow_tag *t) { (void)t; cxx_delete(p); }
+EXPORT void _ZdlPvSt11align_val_t(void *p, size_t a) { (void)a; cxx_delete(p); }
+EXPORT void _ZdaPvSt11align_val_t(void *p, size_t a) { (void)a; cxx_delete(p); }
+EXPORT void _ZdlPvmSt11align_val_t(void *p, size_t n, size_t a) { (void)a; cxx_delete_sized(p, n); }
+EXPORT void _ZdaPvmSt11align_val_t(void *p, size_t n, size_t a) { (void)a; cxx_delete_sized(p, n); }
+EXPORT void _ZdlPvSt11align_val_tRKSt9nothrow_t(void *p, size_t a, const nothrow_tag *t) { (void)a; (void)t; cxx_delete(p); }
+EXPORT void _ZdaPvSt11align_val_tRKSt9nothrow_t(void *p, size_t a, const nothrow_tag *t) { (void)a; (void)t; cxx_delete(p); }
