@@ -141,22 +141,24 @@ static inline __attribute__((always_inline)) void small_push(kp_tcache *tc, kp_t
 
 /* A free to a full list, or by a thread whose cache does not exist yet (or
  * any more). */
+/* The slow paths of a free may reach mmap, madvise or pthread_setspecific;
+ * kp_free keeps errno (glibc's free does since 2.33), so they restore it. */
 static __attribute__((noinline)) void small_free_slow(void *p, unsigned cls, int sized, size_t requested,
                                                       const char *call) {
+    int saved_errno = errno;
     kp_tcache *tc = _kp_tcache_get();
     if (tc) {
         small_push(tc, &tc->lists[cls], p, cls, sized, requested, call);
         if (KP_LOAD(tc->lists[cls].count) > tc->lists[cls].max) _kp_tcache_overflow(tc, cls);
-        return;
-    }
-    if (_kp_is_marked(p)) {
+    } else if (_kp_is_marked(p)) {
         _kp_error(call, p, "double free (the block is already free)");
-        return;
+    } else {
+        _kp_mark_free(p);
+        _kp_set_next(p, NULL);
+        _kp_central_return(cls, p, 1);
+        _kp_tcache_count_uncached(cls, 0, sized, requested);
     }
-    _kp_mark_free(p);
-    _kp_set_next(p, NULL);
-    _kp_central_return(cls, p, 1);
-    _kp_tcache_count_uncached(cls, 0, sized, requested);
+    errno = saved_errno;
 }
 
 /* A full list (the empty cache's lists are full: max 0) goes to the slow
@@ -233,7 +235,9 @@ static const char *not_live_reason(const void *p, unsigned cls) {
     return "pointer was not allocated by kpool";
 }
 
-void (*_kp_foreign_free_hook)(void *p);
+/* NULL: a foreign free is misuse. The drop-in malloc (preload/malloc.c)
+ * links a definition of its own that hands such pointers to glibc. */
+__attribute__((weak)) void (*_kp_foreign_free_hook)(void *p);
 
 /* Free a pointer whose page is not a small span: large, pool, arena, or not
  * kpool's at all. Validated under the page heap lock. */
@@ -283,9 +287,11 @@ void *kp_calloc(size_t count, size_t size) {
 /* A free whose page is not a small class in the flat map: outside it (no
  * map reserved, or an address above it), large, pool, arena, foreign, NULL. */
 static __attribute__((noinline)) void free_not_flat(void *p, int sized, size_t size, const char *call) {
+    int saved_errno = errno;
     unsigned cls = _kp_pagemap_class(p);
     if (small_class_ok(cls)) small_free(p, cls, sized, size, call);
     else if (p) free_other(p, cls, call);
+    errno = saved_errno;
 }
 
 void kp_free(void *p) {

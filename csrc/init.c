@@ -179,7 +179,9 @@ kp_error_handler kp_set_error_handler(kp_error_handler h) {
 }
 
 void _kp_error(const char *call, const void *ptr, const char *what) {
+    int saved_errno = errno;   /* a returning handler leaves the call's errno as it was */
     atomic_load(&error_handler)(call, ptr, what);
+    errno = saved_errno;
 }
 
 void _kp_assert_fail(const char *cond, const char *file, int line) {

@@ -60,7 +60,7 @@ _WORKLOAD_INFO = {
 WORKLOADS = tuple(_WORKLOAD_INFO)
 MAIN_WORKLOADS = ("pairs", "mixed", "random", "larson", "prodcons")
 MEMORY_WORKLOADS = ("burst", "frag")
-ALLOCATORS = ("system", "jemalloc", "tcmalloc", "mimalloc", "kpool", "kpool-pool", "null")
+ALLOCATORS = ("system", "jemalloc", "tcmalloc", "mimalloc", "kpool", "kpool-preload", "kpool-pool", "null")
 PEERS = ("system", "jemalloc", "tcmalloc", "mimalloc")
 ONE_SIZE_WORKLOADS = ("pairs",)          # the only ones kpool-pool can run
 
@@ -166,6 +166,17 @@ def find_stress():
     return None
 
 
+def find_preload():
+    """Path of libkpool-malloc.so (kpool as malloc, for LD_PRELOAD): next to
+    this file (the installed package), else csrc/build/ of a source
+    checkout. None when there is none."""
+    here = Path(__file__).resolve()
+    for cand in (here.with_name("libkpool-malloc.so"), here.parent.parent / "csrc" / "build" / "libkpool-malloc.so"):
+        if cand.is_file():
+            return cand
+    return None
+
+
 def _lib_dirs():
     dirs = []
     multiarch = sysconfig.get_config_var("MULTIARCH") or ""
@@ -263,6 +274,13 @@ def allocators(*, probe=True):
             reason = no_exe or (_probe_preload(exe, lib) if probe else None)
             out.append(Allocator(name, available=reason is None, reason=reason, kind="peer", driver="system",
                                  library=str(lib), version=_lib_version(lib, pkg)))
+        elif name == "kpool-preload":
+            # the very binary the peers run, its malloc replaced by kpool's
+            lib = find_preload()
+            reason = no_exe or ("libkpool-malloc.so not found (install the package or build csrc/)" if lib is None
+                                else _probe_preload(exe, lib) if probe else None)
+            out.append(Allocator(name, available=reason is None, reason=reason, kind="peer", driver="system",
+                                 library=str(lib) if lib else None, version=_kpool_version()))
         elif name == "system":
             out.append(Allocator(name, available=no_exe is None, reason=no_exe, kind="baseline", driver="system",
                                  library=None, version=_glibc_version()))
@@ -971,6 +989,10 @@ def _csv(s):
 
 def main(argv=None):
     """``python -m kpool bench``: run the comparison and print the table."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--real" in argv:
+        from . import bench_real
+        return bench_real.main([x for x in argv if x != "--real"])
     import argparse
     p = argparse.ArgumentParser(prog="python -m kpool bench",
                                 description="Benchmark kpool against glibc, jemalloc, tcmalloc and mimalloc.")
@@ -989,6 +1011,8 @@ def main(argv=None):
     p.add_argument("--load", metavar="RUN.json", help="do not run: show a saved run")
     p.add_argument("--list", action="store_true", help="list workloads and allocators and exit")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--real", action="store_true",
+                   help="real programs instead (python, sqlite3, gcc, git): python -m kpool bench --real --help")
     a = p.parse_args(argv)
 
     if a.list:

@@ -38,9 +38,11 @@ def test_workloads_are_the_contract():
 
 def test_allocators_listed_with_availability():
     al = {a.name: a for a in bench.allocators()}
-    assert set(al) == {"system", "jemalloc", "tcmalloc", "mimalloc", "kpool", "kpool-pool", "null"}
-    for name in ("system", "kpool", "kpool-pool", "null"):
+    assert set(al) == {"system", "jemalloc", "tcmalloc", "mimalloc", "kpool", "kpool-preload", "kpool-pool", "null"}
+    for name in ("system", "kpool", "kpool-preload", "kpool-pool", "null"):
         assert al[name].available, al[name].reason
+    # kpool-preload: the peers' very binary, its malloc replaced by kpool's (the probe checked it took)
+    assert al["kpool-preload"].driver == "system" and al["kpool-preload"].library.endswith("libkpool-malloc.so")
     for name in ("jemalloc", "tcmalloc", "mimalloc"):
         a = al[name]
         assert a.kind == "peer" and a.driver == "system"

@@ -116,7 +116,7 @@ KP_API void *kp_realloc(void *p, size_t size);
 /* alignment must be a power of two (else NULL, errno EINVAL); any power of
  * two up to 1 GiB works. size need not be a multiple of alignment. */
 KP_API void *kp_aligned_alloc(size_t alignment, size_t size);
-/* NULL is a no-op. */
+/* NULL is a no-op. kp_free and kp_free_sized keep errno as it was. */
 KP_API void kp_free(void *p);
 /* C23 free_sized: size is the size that was requested for p, and
  * kp_stats' bytes_requested goes down by it. A size up to kp_usable_size(p)

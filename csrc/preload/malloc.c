@@ -52,26 +52,18 @@ static void report_foreign_at_exit(void) {
             (unsigned long long)n);
 }
 
+/* The core's weak hook, defined here: set before any call can reach it. */
+void (*_kp_foreign_free_hook)(void *p) = hand_foreign_to_glibc;
+
 __attribute__((constructor)) static void preload_init(void) {
-    _kp_foreign_free_hook = hand_foreign_to_glibc;
     _kp_init();
     const char *show = getenv("KPOOL_STATS");
     if (show && *show && *show != '0') atexit(report_foreign_at_exit);
 }
 
-/* Before the constructor ran, a foreign free must still go to glibc. */
-static inline void ensure_hook(void) {
-    if (KP_UNLIKELY(!_kp_foreign_free_hook)) _kp_foreign_free_hook = hand_foreign_to_glibc;
-}
-
 EXPORT void *malloc(size_t size) { return kp_malloc(size); }
 
-EXPORT void free(void *p) {
-    int saved = errno;
-    ensure_hook();
-    kp_free(p);
-    errno = saved;
-}
+EXPORT void free(void *p) { kp_free(p); }   /* kp_free keeps errno */
 
 EXPORT void *calloc(size_t count, size_t size) { return kp_calloc(count, size); }
 
@@ -159,11 +151,13 @@ EXPORT size_t malloc_usable_size(void *p) {
 
 /* C23 */
 EXPORT void free_sized(void *p, size_t size) {
-    int saved = errno;
-    ensure_hook();
-    if (p && KP_UNLIKELY(!kp_owns(p))) hand_foreign_to_glibc(p);
-    else kp_free_sized(p, size);
-    errno = saved;
+    if (p && KP_UNLIKELY(!kp_owns(p))) {
+        int saved = errno;
+        hand_foreign_to_glibc(p);
+        errno = saved;
+    } else {
+        kp_free_sized(p, size);
+    }
 }
 
 EXPORT void free_aligned_sized(void *p, size_t alignment, size_t size) {

@@ -557,7 +557,41 @@ static void test_address_space_limit_set_after_start(void) {
     kp_free(first);
 }
 
+static void handler_that_sets_errno(const char *call, const void *ptr, const char *what) {
+    (void)call; (void)ptr; (void)what;
+    errno = EIO;
+}
+
+static void test_free_keeps_errno(void) {
+    enum { N = 3000 };
+    static void *v[N];
+    for (int i = 0; i < N; i++) v[i] = kp_malloc(i % 3 ? 48 : (size_t)(i % 7 + 1) * 300000);
+    int changed = 0;
+    for (int i = 0; i < N; i++) {   /* cache overflows to the central lists, large spans back to the page heap */
+        errno = 4242;
+        if (i % 2) kp_free(v[i]);
+        else kp_free_sized(v[i], i % 3 ? 48 : (size_t)(i % 7 + 1) * 300000);
+        changed += errno != 4242;
+    }
+    CHECK_EQ(changed, 0);
+    /* a free that reaches the error handler: the handler's own calls (here
+     * one that sets errno) do not leak out of kp_free */
+    kp_error_handler old = kp_set_error_handler(handler_that_sets_errno);
+    char *p = kp_malloc(100), *big = kp_malloc(400000);
+    kp_free(p);
+    kp_free(big);
+    errno = 4244;
+    kp_free(p);                       /* double free */
+    CHECK_EQ(errno, 4244);
+    kp_free(big);                     /* large double free */
+    CHECK_EQ(errno, 4244);
+    kp_free(&changed);                /* not kpool's */
+    CHECK_EQ(errno, 4244);
+    kp_set_error_handler(old);
+}
+
 int main(void) {
+    RUN(test_free_keeps_errno);
     _kp_init();
     RUN(test_address_space_limit_set_after_start);   /* first: before the other tests map memory */
     RUN(test_malloc_zero_is_unique_and_freeable);
