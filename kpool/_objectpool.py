@@ -6,7 +6,9 @@ handed out tracked by identity, one threading.Condition guarding both.
 as long as they like (and may use the pool themselves).
 
 Invariants (under the lock): in_use == objects handed out and not put back;
-in_use + creating <= capacity when bounded; len(idle) <= max_idle.
+in_use + creating + resetting <= capacity when bounded (an object being
+reset still holds its slot, so no waiter can create a replacement for it);
+len(idle) <= max_idle.
 """
 
 import math
@@ -81,6 +83,7 @@ class ObjectPool:
         self._out = {}         # id(obj) -> [obj, times handed out]
         self._in_use = 0
         self._creating = 0     # factory calls in progress (they hold capacity)
+        self._resetting = 0    # reset calls in progress (they hold capacity too)
         self._created = self._hits = self._misses = self._discarded = 0
         self._high_water = self._gets = self._puts = self._waits = self._timeouts = 0
         self._reset_errors = 0
@@ -126,7 +129,7 @@ class ObjectPool:
                 self._hits += 1
                 self._hand_out_locked(obj)
                 return obj
-            if self._capacity is None or self._in_use + self._creating < self._capacity:
+            if self._capacity is None or self._in_use + self._creating + self._resetting < self._capacity:
                 self._creating += 1
             else:
                 obj = self._wait_locked(timeout)
@@ -184,7 +187,7 @@ class ObjectPool:
                     self._hits += 1
                     self._hand_out_locked(obj)
                     return obj
-                if self._in_use + self._creating < self._capacity:
+                if self._in_use + self._creating + self._resetting < self._capacity:
                     self._creating += 1
                     return None
         finally:
@@ -214,14 +217,14 @@ class ObjectPool:
                 if self._waiting:
                     self._cond.notify()
                 return
-            if self._waiting:
-                self._cond.notify()      # room to create one, while reset runs
+            self._resetting += 1         # the slot stays taken until reset is done
         keep = True
         try:
             reset(obj)
         except Exception:
             keep = False
         with self._lock:
+            self._resetting -= 1
             if keep and len(self._idle) < self._max_idle:
                 self._idle.append(obj)
             else:
@@ -267,6 +270,7 @@ class ObjectPool:
                 "waits": self._waits,
                 "timeouts": self._timeouts,
                 "reset_errors": self._reset_errors,
+                "resetting": self._resetting,
             }
 
     def __repr__(self):

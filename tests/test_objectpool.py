@@ -249,3 +249,45 @@ def test_timeout_wrong_type_and_huge():
     with pytest.raises(OverflowError):
         pool.get(timeout=1e300)
     assert pool.in_use == 0
+
+
+def test_capacity_holds_while_reset_runs():
+    """Issue 15: put() used to lower in_use and wake a waiter before reset()
+    finished; the waiter created a new object and the reset one then went to
+    the idle list, so more than `capacity` objects existed and were handed out.
+    An object being reset still holds its capacity slot."""
+    cap, nthreads, rounds = 3, 8, 60
+    pool = kpool.ObjectPool(lambda: [0], reset=lambda o: time.sleep(0.0005), capacity=cap)
+    errors, peaks = [], []
+    lock = threading.Lock()
+    out = set()
+
+    def worker():
+        try:
+            for _ in range(rounds):
+                with pool.borrow(timeout=None) as obj:
+                    s = pool.stats()
+                    with lock:
+                        assert id(obj) not in out   # never handed to two threads at once
+                        out.add(id(obj))
+                        peaks.append((s["in_use"], s["created"], s["in_use"] + s["resetting"]))
+                    assert s["in_use"] <= cap, s
+                    assert s["created"] <= cap, s
+                    assert s["in_use"] + s["resetting"] <= cap, s
+                    time.sleep(0.0002)
+                    with lock:
+                        out.discard(id(obj))
+        except BaseException as e:  # pragma: no cover - the failure is the test's point
+            errors.append(e)
+
+    ts = [threading.Thread(target=worker) for _ in range(nthreads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors, errors[0]
+    s = pool.stats()
+    assert s["created"] <= cap and s["high_water"] <= cap, s
+    assert s["in_use"] == 0 and s["resetting"] == 0 and s["idle"] == s["created"]
+    assert max(p[0] for p in peaks) <= cap and max(p[1] for p in peaks) <= cap
+    assert s["gets"] == nthreads * rounds == s["puts"]
