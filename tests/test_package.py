@@ -90,6 +90,67 @@ def test_exception_hierarchy():
     assert kpool.PoolExhausted.__module__ == "kpool"
 
 
+def test_pool_exhausted_is_a_timeout_error():
+    """Issue 15: PoolExhausted is caught by `except TimeoutError` (and stays a kpool.Error)."""
+    assert issubclass(kpool.PoolExhausted, TimeoutError)
+    assert issubclass(kpool.PoolExhausted, OSError)       # as TimeoutError is
+    assert not issubclass(kpool.Error, TimeoutError) and not issubclass(kpool.CorruptionError, TimeoutError)
+    pool = kpool.BufferPool(64, capacity=1)
+    held = pool.acquire()
+    with pytest.raises(TimeoutError) as info:
+        pool.acquire()
+    assert type(info.value) is kpool.PoolExhausted and "exhausted" in str(info.value)
+    assert info.value.errno is None
+    objs = kpool.ObjectPool(object, capacity=1)
+    o = objs.get()
+    try:
+        objs.get(timeout=0.01)
+    except TimeoutError as e:
+        assert isinstance(e, kpool.Error)
+    else:
+        raise AssertionError("no PoolExhausted")
+    e = kpool.PoolExhausted("msg")
+    assert str(e) == "msg" and e.args == ("msg",)
+    import pickle
+    back = pickle.loads(pickle.dumps(e))
+    assert type(back) is kpool.PoolExhausted and str(back) == "msg"
+    assert "TimeoutError" in kpool.PoolExhausted.__doc__
+    held.release()
+    objs.put(o)
+    pool.close()
+
+
+def test_default_timeout_is_zero_and_documented():
+    """acquire() and get() fail fast by default (timeout=0), unlike queue.Queue.get;
+    the docstrings say so and say how to wait."""
+    import inspect
+    import time
+
+    assert inspect.signature(kpool.BufferPool.acquire).parameters["timeout"].default == 0.0
+    assert inspect.signature(kpool.ObjectPool.get).parameters["timeout"].default == 0.0
+    assert inspect.signature(kpool.ObjectPool.borrow).parameters["timeout"].default == 0.0
+    assert inspect.signature(kpool.ObjectPool.get_async).parameters["timeout"].default is None
+    assert inspect.signature(kpool.BufferPool.acquire_async).parameters["timeout"].default is None
+    for fn in (kpool.BufferPool.acquire, kpool.ObjectPool.get):
+        doc = " ".join(fn.__doc__.split())
+        assert "The default, 0, never waits" in doc and "queue.Queue.get" in doc, fn
+        assert "None waits" in doc and "TimeoutError" in doc, fn
+    for fn in (kpool.BufferPool.acquire_async, kpool.ObjectPool.get_async):
+        doc = " ".join(fn.__doc__.split())
+        assert "default timeout is None" in doc and "PoolExhausted" in doc, fn
+    pool = kpool.BufferPool(64, capacity=1)
+    objs = kpool.ObjectPool(object, capacity=1)
+    held, o = pool.acquire(), objs.get()
+    t0 = time.monotonic()
+    with pytest.raises(kpool.PoolExhausted):
+        pool.acquire()
+    with pytest.raises(kpool.PoolExhausted):
+        objs.get()
+    assert time.monotonic() - t0 < 0.5       # no wait at all
+    held.release()
+    objs.put(o)
+
+
 def test_types_are_named_for_the_package():
     for t in (kpool.Block, kpool.BufferPool, kpool.Arena, kpool.ObjectPool):
         assert t.__module__ == "kpool"

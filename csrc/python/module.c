@@ -529,7 +529,12 @@ static PyTypeObject *make_type(PyObject *m, PyType_Spec *spec, int instantiable)
 }
 
 PyDoc_STRVAR(error_doc, "Base class of kpool's own exceptions.");
-PyDoc_STRVAR(exhausted_doc, "A bounded pool is at its capacity (raised by BufferPool.acquire and ObjectPool.get).");
+PyDoc_STRVAR(exhausted_doc,
+"A bounded pool is at its capacity: raised by BufferPool.acquire and\n"
+"ObjectPool.get at once with timeout=0 (their default), or when a wait of\n"
+"timeout seconds ran out (also by acquire_async and get_async).\n\n"
+"A subclass of both kpool.Error and the built-in TimeoutError, so\n"
+"`except TimeoutError:` catches it as it catches other timeouts.");
 PyDoc_STRVAR(corrupt_doc, "The stress driver's verification found damaged or overlapping blocks.");
 
 #ifdef KPOOL_HAVE_STRESS
@@ -557,8 +562,12 @@ static int module_exec(PyObject *m) {
     if (!(st->BufferPool_type = make_type(m, &kpy_bufferpool_spec, 1))) return -1;
     if (!(st->Arena_type = make_type(m, &kpy_arena_spec, 1))) return -1;
     if (!(st->Error = PyErr_NewExceptionWithDoc("kpool.Error", error_doc, NULL, NULL))) return -1;
-    if (!(st->PoolExhausted = PyErr_NewExceptionWithDoc("kpool.PoolExhausted", exhausted_doc, st->Error, NULL)))
-        return -1;
+    /* PoolExhausted is a kpool.Error and a TimeoutError: `except TimeoutError` catches a wait that ran out */
+    PyObject *exhausted_bases = PyTuple_Pack(2, st->Error, PyExc_TimeoutError);
+    if (!exhausted_bases) return -1;
+    st->PoolExhausted = PyErr_NewExceptionWithDoc("kpool.PoolExhausted", exhausted_doc, exhausted_bases, NULL);
+    Py_DECREF(exhausted_bases);
+    if (!st->PoolExhausted) return -1;
     if (!(st->CorruptionError = PyErr_NewExceptionWithDoc("kpool.CorruptionError", corrupt_doc, st->Error, NULL)))
         return -1;
     if (add_ref(m, "Block", (PyObject *)st->Block_type) < 0 ||
