@@ -1,7 +1,8 @@
 """kpool: a memory-pool allocator in C, shipped as a Python package.
 
 Fast, measurable memory in three shapes on top of a general-purpose
-size-class heap (DESIGN.md section 4):
+size-class heap (the C sources and their notes are in the repository's
+csrc/; the README has a tour):
 
     kpool.malloc(size)                 a Block from the heap
     kpool.BufferPool(buffer_size)      fixed-size buffers, reused
@@ -60,7 +61,7 @@ if __name__ == "kpool" and not _has_core(_HERE) and _installed_copy() is not Non
     pass
 
 try:
-    from . import _core as _core_module  # noqa: F401
+    from . import _core  # noqa: F401
 except ImportError as _exc:
     raise ImportError(
         "kpool's extension kpool._core is not built: install the package with `pip install .` "
@@ -82,6 +83,11 @@ from ._core import (  # noqa: F401  (re-exported API)
     trim,
 )
 from ._objectpool import ObjectPool
+from ._aio import acquire_async as _acquire_async
+
+# BufferPool is a C type; its coroutine method is written in Python (kpool/_aio.py)
+BufferPool.acquire_async = _acquire_async
+del _acquire_async
 
 __all__ = [
     "__version__",
