@@ -669,7 +669,10 @@ class Result:
         return path
 
     def plot(self, path):
-        """Save a PNG: thread scaling per workload, and ratio to system."""
+        """Save a PNG: thread scaling per workload, and ratio to system.
+        Missing folders of path are created, as save() does."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
         import matplotlib
         matplotlib.use("Agg", force=False)
         import matplotlib.pyplot as plt
@@ -1001,9 +1004,17 @@ def main(argv=None):
             print(f"  {al:<10} {state}" + (f" ({al.version})" if al.available and al.version else ""))
         return 0
 
-    if a.load:
-        res = load(a.load)
-    else:
+    old_run = None
+    try:
+        if a.compare:                 # read it before a long run, not after
+            old_run = load(a.compare)
+        if a.load:
+            res = load(a.load)
+    except (OSError, ValueError) as e:
+        which = a.compare if old_run is None and a.compare else a.load
+        print(f"kpool bench: cannot read {which}: {_why(e)}", file=sys.stderr)
+        return 2
+    if not a.load:
         threads = [int(t) for t in a.threads] if a.threads else None
         ops, rounds, burst = a.ops, a.rounds, a.burst_bytes
         if a.quick:
@@ -1035,17 +1046,33 @@ def main(argv=None):
     targets = res.targets_table()
     if targets:
         print(targets)
+    status = 0
     if a.save:
-        res.save(a.save)
-        print(f"saved: {a.save}")
+        try:
+            res.save(a.save)
+            print(f"saved: {a.save}")
+        except OSError as e:
+            print(f"kpool bench: cannot write {a.save}: {_why(e)}", file=sys.stderr)
+            status = 1
     if a.plot:
         try:
             res.plot(a.plot)
             print(f"plot: {a.plot}")
         except ImportError as e:
             print(f"kpool bench: --plot needs matplotlib ({e})", file=sys.stderr)
-    if a.compare:
+            status = 1
+        except OSError as e:
+            print(f"kpool bench: cannot write {a.plot}: {_why(e)}", file=sys.stderr)
+            status = 1
+    if old_run is not None:
         print()
-        print(compare(a.compare, res))
+        print(compare(old_run, res))
     bad = [r for r in res.records if r.get("corrupt")]
-    return 3 if bad else 0
+    return 3 if bad else status
+
+
+def _why(e):
+    """An exception as one line, without the file name an OSError repeats."""
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    return " ".join(str(e).split()) or type(e).__name__
