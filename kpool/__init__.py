@@ -1,8 +1,7 @@
 """kpool: a memory-pool allocator in C, shipped as a Python package.
 
 Fast, measurable memory in three shapes on top of a general-purpose
-size-class heap (the C sources and their notes are in the repository's
-csrc/; the README has a tour):
+size-class heap:
 
     kpool.malloc(size)                 a Block from the heap
     kpool.BufferPool(buffer_size)      fixed-size buffers, reused
@@ -11,14 +10,18 @@ csrc/; the README has a tour):
 
 plus the allocator's statistics (kpool.stats(), kpool.stats_array()), the
 multithreaded C stress driver (kpool.stress()) and the benchmark
-(kpool.bench, ``python -m kpool bench``).
+(kpool.bench, ``python -m kpool bench``); ``python -m kpool`` runs a short
+demonstration. Bounded pools raise kpool.PoolExhausted, a TimeoutError.
 
-The extension kpool._core and C code using libkpool.so (kpool.get_library(),
-kpool.get_include()) share one process-wide heap.
+C code shares the same process-wide heap: the header kpool.h, in the folder
+kpool.get_include() returns, documents the C API; link the library file
+kpool.get_library() returns (libkpool.so, which pydoc lists among the
+package contents: it is that C library, not a Python module).
 """
 
 import os as _os
 import sys as _sys
+import types as _types
 
 _HERE = _os.path.dirname(_os.path.abspath(__file__))
 
@@ -154,20 +157,27 @@ def stats_array(snapshot=None):
     return numpy.array(rows, dtype=dtype)
 
 
-def __getattr__(name):
-    # kpool.bench is imported on first use, so that `import kpool` needs
-    # nothing beyond the standard library even if bench grows dependencies.
-    if name == "bench":
-        if not _os.path.exists(_os.path.join(_HERE, "bench.py")):
-            raise AttributeError("kpool.bench is not available in this installation")
-        import importlib
+class _Package(_types.ModuleType):
+    """The type of the kpool module: kpool.bench is imported on first use,
+    so that `import kpool` needs nothing beyond the standard library even if
+    bench grows dependencies. (Methods of the module's type rather than
+    module-level __getattr__/__dir__, which help(kpool) would list as API.)"""
 
-        return importlib.import_module(".bench", __name__)
-    raise AttributeError("module 'kpool' has no attribute %r" % (name,))
+    def __getattr__(self, name):
+        if name == "bench":
+            folder = _os.path.dirname(_os.path.abspath(self.__file__))
+            if not _os.path.exists(_os.path.join(folder, "bench.py")):
+                raise AttributeError("kpool.bench is not available in this installation")
+            import importlib
+
+            return importlib.import_module(".bench", self.__name__)
+        raise AttributeError("module 'kpool' has no attribute %r" % (name,))
+
+    def __dir__(self):
+        names = set(vars(self)) | set(self.__all__)
+        if _os.path.exists(_os.path.join(_os.path.dirname(_os.path.abspath(self.__file__)), "bench.py")):
+            names.add("bench")
+        return sorted(names)
 
 
-def __dir__():
-    names = set(globals()) | set(__all__)
-    if _os.path.exists(_os.path.join(_HERE, "bench.py")):
-        names.add("bench")
-    return sorted(names)
+_sys.modules[__name__].__class__ = _Package

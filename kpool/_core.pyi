@@ -160,7 +160,11 @@ def stress(
     allocator: str = "kpool",
     seed: int = 1,
     verify: bool = True,
-    size: int = 0,
-    burst_bytes: int = 0,
+    size: int = 32,
+    burst_bytes: int = 1073741824,
 ) -> Dict[str, Any]:
-    """Run the C stress driver (GIL released); CorruptionError on damage."""
+    """Run the C stress driver (GIL released); CorruptionError on damage.
+
+    Defaults differ from the kpool-stress executable's (1 thread, verify
+    off): this function checks by default; size is the block size of
+    pairs, burst_bytes the total that burst allocates."""

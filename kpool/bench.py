@@ -1,7 +1,8 @@
 """kpool.bench: kpool against the allocators you would otherwise pick.
 
 Every measurement runs in a fresh child process of the ``kpool-stress``
-executable (DESIGN.md section 5): kpool with ``--allocator kpool`` (direct
+executable (shipped in the package folder; ``kpool-stress --help`` lists its
+flags): kpool with ``--allocator kpool`` (direct
 kp_* calls) or ``kpool-pool`` (fixed pools, the one-size workload ``pairs``),
 glibc with ``--allocator system``, and the peers jemalloc, tcmalloc and
 mimalloc with ``--allocator system`` under ``LD_PRELOAD`` of their Debian
