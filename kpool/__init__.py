@@ -1,7 +1,7 @@
 """kpool: a memory-pool allocator in C, shipped as a Python package.
 
 Fast, measurable memory in three shapes on top of a general-purpose
-size-class heap (DESIGN.md section 4):
+size-class heap:
 
     kpool.malloc(size)                 a Block from the heap
     kpool.BufferPool(buffer_size)      fixed-size buffers, reused
@@ -10,14 +10,22 @@ size-class heap (DESIGN.md section 4):
 
 plus the allocator's statistics (kpool.stats(), kpool.stats_array()), the
 multithreaded C stress driver (kpool.stress()) and the benchmark
-(kpool.bench, ``python -m kpool bench``).
+(kpool.bench, ``python -m kpool bench``); ``python -m kpool`` runs a short
+demonstration. Bounded pools raise kpool.PoolExhausted, a TimeoutError.
 
-The extension kpool._core and C code using libkpool.so (kpool.get_library(),
-kpool.get_include()) share one process-wide heap.
+kpool can also be a whole program's malloc: kpool.run([...]) or
+``python -m kpool run -- CMD`` runs a command with LD_PRELOAD set to the
+library kpool.get_preload() returns (libkpool-malloc.so).
+
+C code shares the same process-wide heap: the header kpool.h, in the folder
+kpool.get_include() returns, documents the C API; link the library file
+kpool.get_library() returns (libkpool.so, which pydoc lists among the
+package contents: it is that C library, not a Python module).
 """
 
 import os as _os
 import sys as _sys
+import types as _types
 
 _HERE = _os.path.dirname(_os.path.abspath(__file__))
 
@@ -60,7 +68,7 @@ if __name__ == "kpool" and not _has_core(_HERE) and _installed_copy() is not Non
     pass
 
 try:
-    from . import _core as _core_module  # noqa: F401
+    from . import _core  # noqa: F401
 except ImportError as _exc:
     raise ImportError(
         "kpool's extension kpool._core is not built: install the package with `pip install .` "
@@ -83,6 +91,11 @@ from ._core import (  # noqa: F401  (re-exported API)
 )
 from ._objectpool import ObjectPool
 from ._preload import get_preload, run
+from ._aio import acquire_async as _acquire_async
+
+# BufferPool is a C type; its coroutine method is written in Python (kpool/_aio.py)
+BufferPool.acquire_async = _acquire_async
+del _acquire_async
 
 __all__ = [
     "__version__",
@@ -151,20 +164,27 @@ def stats_array(snapshot=None):
     return numpy.array(rows, dtype=dtype)
 
 
-def __getattr__(name):
-    # kpool.bench is imported on first use, so that `import kpool` needs
-    # nothing beyond the standard library even if bench grows dependencies.
-    if name == "bench":
-        if not _os.path.exists(_os.path.join(_HERE, "bench.py")):
-            raise AttributeError("kpool.bench is not available in this installation")
-        import importlib
+class _Package(_types.ModuleType):
+    """The type of the kpool module: kpool.bench is imported on first use,
+    so that `import kpool` needs nothing beyond the standard library even if
+    bench grows dependencies. (Methods of the module's type rather than
+    module-level __getattr__/__dir__, which help(kpool) would list as API.)"""
 
-        return importlib.import_module(".bench", __name__)
-    raise AttributeError("module 'kpool' has no attribute %r" % (name,))
+    def __getattr__(self, name):
+        if name == "bench":
+            folder = _os.path.dirname(_os.path.abspath(self.__file__))
+            if not _os.path.exists(_os.path.join(folder, "bench.py")):
+                raise AttributeError("kpool.bench is not available in this installation")
+            import importlib
+
+            return importlib.import_module(".bench", self.__name__)
+        raise AttributeError("module 'kpool' has no attribute %r" % (name,))
+
+    def __dir__(self):
+        names = set(vars(self)) | set(self.__all__)
+        if _os.path.exists(_os.path.join(_os.path.dirname(_os.path.abspath(self.__file__)), "bench.py")):
+            names.add("bench")
+        return sorted(names)
 
 
-def __dir__():
-    names = set(globals()) | set(__all__)
-    if _os.path.exists(_os.path.join(_HERE, "bench.py")):
-        names.add("bench")
-    return sorted(names)
+_sys.modules[__name__].__class__ = _Package

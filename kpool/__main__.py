@@ -19,7 +19,7 @@ def _demo():
     import kpool
     print(f"kpool {kpool.__version__}: library {kpool.get_library()}")
     with kpool.malloc(100) as b:
-        b[:5] = b"hello"
+        memoryview(b)[:5] = b"hello"     # a temporary view: gone before the block is released
         print(f"malloc(100): block at {b.address:#x}, usable {b.usable_size} B")
     pool = kpool.BufferPool(4096, capacity=8)
     blk = pool.acquire()

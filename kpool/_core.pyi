@@ -16,8 +16,10 @@ STRESS_ALLOCATORS: Tuple[str, ...]
 class Error(Exception):
     """Base class of kpool's own exceptions."""
 
-class PoolExhausted(Error):
-    """A bounded pool is at its capacity."""
+class PoolExhausted(Error, TimeoutError):
+    """A bounded pool is at its capacity (at once with timeout=0, the
+    default of acquire/get, or after a wait of timeout seconds). Also a
+    TimeoutError."""
 
 class CorruptionError(Error):
     """The stress driver's verification found damaged or overlapping blocks."""
@@ -74,8 +76,13 @@ class BufferPool:
         align: int = 64,
     ) -> None: ...
     def acquire(self, timeout: Optional[float] = 0.0) -> Block:
-        """A Block from the pool; timeout 0: PoolExhausted at once at capacity;
-        None: wait for a release; > 0: wait that long (GIL released)."""
+        """A Block from the pool. At capacity: timeout 0 (the default)
+        raises PoolExhausted at once; None waits for a release; > 0 waits
+        that long, then raises PoolExhausted (GIL released while waiting)."""
+    async def acquire_async(self, timeout: Optional[float] = None) -> Block:
+        """acquire() for asyncio: waits without blocking the event loop; the
+        default timeout None waits as long as it takes; PoolExhausted after
+        a positive timeout, at once with 0."""
     def release(self, block: Block) -> None:
         """Give a Block of this pool back; another pool's Block -> ValueError."""
     def stats(self) -> Dict[str, Any]:
@@ -153,7 +160,11 @@ def stress(
     allocator: str = "kpool",
     seed: int = 1,
     verify: bool = True,
-    size: int = 0,
-    burst_bytes: int = 0,
+    size: int = 32,
+    burst_bytes: int = 1073741824,
 ) -> Dict[str, Any]:
-    """Run the C stress driver (GIL released); CorruptionError on damage."""
+    """Run the C stress driver (GIL released); CorruptionError on damage.
+
+    Defaults differ from the kpool-stress executable's (1 thread, verify
+    off): this function checks by default; size is the block size of
+    pairs, burst_bytes the total that burst allocates."""

@@ -1,7 +1,8 @@
 """kpool.bench: kpool against the allocators you would otherwise pick.
 
 Every measurement runs in a fresh child process of the ``kpool-stress``
-executable (DESIGN.md section 5): kpool with ``--allocator kpool`` (direct
+executable (shipped in the package folder; ``kpool-stress --help`` lists its
+flags): kpool with ``--allocator kpool`` (direct
 kp_* calls) or ``kpool-pool`` (fixed pools, the one-size workload ``pairs``),
 glibc with ``--allocator system``, and the peers jemalloc, tcmalloc and
 mimalloc with ``--allocator system`` under ``LD_PRELOAD`` of their Debian
@@ -42,7 +43,8 @@ from pathlib import Path
 __all__ = [
     "WORKLOADS", "MAIN_WORKLOADS", "MEMORY_WORKLOADS", "ALLOCATORS", "DEFAULT_OPS",
     "Workload", "Allocator", "Result", "workloads", "allocators", "run", "load",
-    "compare", "machine_info", "find_stress", "main",
+    "compare", "machine_info", "find_stress", "main", "PALETTE", "color_of", "saved_runs", "newest_run",
+    "comparable_runs",
 ]
 
 # ---------------------------------------------------------------------------
@@ -388,7 +390,25 @@ class Result:
     def __init__(self, records=None, meta=None):
         self.records = list(records or [])
         self.meta = dict(meta or {})
+        self.path = None          # the file it was loaded from (load())
         self._ratios()
+
+    @property
+    def date(self):
+        """When the run was made (ISO 8601, from its machine record), or ''."""
+        return str((self.meta.get("machine") or {}).get("date") or "")
+
+    def measured(self):
+        """The workloads with at least one good measurement, as a frozenset."""
+        return frozenset(r.get("workload") for r in self.records if _ok(r))
+
+    def measured_threads(self):
+        """{workload: frozenset of thread counts} over the good measurements."""
+        out = {}
+        for r in self.records:
+            if _ok(r):
+                out.setdefault(r.get("workload"), set()).add(r.get("threads"))
+        return {w: frozenset(t) for w, t in out.items()}
 
     rows = property(lambda self: self.records)
 
@@ -687,7 +707,10 @@ class Result:
         return path
 
     def plot(self, path):
-        """Save a PNG: thread scaling per workload, and ratio to system."""
+        """Save a PNG: thread scaling per workload, and ratio to system.
+        Missing folders of path are created, as save() does."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
         import matplotlib
         matplotlib.use("Agg", force=False)
         import matplotlib.pyplot as plt
@@ -715,7 +738,7 @@ class Result:
                 ys = [s["mops_median"] for s in pts]
                 lo = [s["mops_median"] - s["mops_min"] for s in pts]
                 hi = [s["mops_max"] - s["mops_median"] for s in pts]
-                ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=2, label=a, color=_color(a),
+                ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=2, label=a, color=color_of(a),
                             linestyle="--" if a == "null" else "-")
             ax.set_title(w)
             ax.set_xscale("log", base=2)
@@ -731,7 +754,7 @@ class Result:
                 pts = {s["threads"]: s for s in summ if s["workload"] == w and s["allocator"] == a}
                 xs = [i + k * width for i, t in enumerate(threads) if t in pts]
                 ys = [pts[t]["ratio_median"] for t in threads if t in pts]
-                axr.bar(xs, ys, width=width, label=a, color=_color(a))
+                axr.bar(xs, ys, width=width, label=a, color=color_of(a))
             axr.axhline(1.0, color="k", linewidth=0.8)
             axr.set_xticks([i + 0.4 - width / 2 for i in range(len(threads))])
             axr.set_xticklabels([str(t) for t in threads])
@@ -749,9 +772,31 @@ class Result:
         return Path(path)
 
 
-def _color(a):
-    """One colour per allocator in every chart."""
-    return f"C{ALLOCATORS.index(a) % 10}" if a in ALLOCATORS else None
+# One colour per allocator in every chart: Result.plot() and every figure of
+# benchmarks/analysis.ipynb take their colours from here, so an allocator
+# looks the same wherever it is drawn (whatever else a figure shows, and in
+# whatever order it draws the allocators). Matplotlib's tab10 colours.
+PALETTE = {
+    "system": "#1f77b4",
+    "jemalloc": "#ff7f0e",
+    "tcmalloc": "#2ca02c",
+    "mimalloc": "#d62728",
+    "kpool": "#9467bd",
+    "kpool-pool": "#8c564b",
+    "null": "#7f7f7f",
+}
+_SPARE_COLOURS = ("#e377c2", "#bcbd22", "#17becf")
+
+
+def color_of(allocator):
+    """The colour of an allocator in every chart (a matplotlib colour string):
+    PALETTE's, or for a name bench does not know one of a few spare colours,
+    chosen by the name (the same in every figure and every session)."""
+    name = str(allocator)
+    if name in PALETTE:
+        return PALETTE[name]
+    import zlib
+    return _SPARE_COLOURS[zlib.crc32(name.encode()) % len(_SPARE_COLOURS)]
 
 
 def _ok(r):
@@ -764,9 +809,50 @@ def load(path):
         data = json.load(f)
     if isinstance(data, list):
         return Result(data, {})
-    if data.get("format") not in (None, "kpool-bench"):
+    if not isinstance(data, dict) or data.get("format") not in (None, "kpool-bench") or "records" not in data:
         raise ValueError(f"{path}: not a kpool bench run")
-    return Result(data.get("records", []), data.get("meta", {}))
+    res = Result(data.get("records", []), data.get("meta", {}))
+    res.path = Path(path)
+    return res
+
+
+def saved_runs(folder):
+    """Every run saved in folder (*.json), oldest first by the date recorded
+    in the run itself (file times say nothing in a fresh clone), then by
+    file name. Files that are not runs are skipped."""
+    runs = []
+    for p in sorted(Path(folder).glob("*.json")):
+        try:
+            runs.append(load(p))
+        except (OSError, ValueError):
+            continue
+    runs.sort(key=lambda r: (r.date, r.path.name))
+    return runs
+
+
+def newest_run(runs, workloads=()):
+    """The newest of runs (as saved_runs orders them) that measured every one
+    of workloads; None if none did."""
+    need = {str(w) for w in workloads}
+    for r in reversed(list(runs)):
+        if need <= r.measured():
+            return r
+    return None
+
+
+def comparable_runs(runs):
+    """(old, new) for compare(): two runs that measured the same workloads
+    at the same thread counts, the newest such pair (new: the newest run
+    that has such an older one; old: the newest of those); None when no two
+    runs did. Runs ordered as saved_runs orders them."""
+    runs = list(runs)
+    for i in range(len(runs) - 1, 0, -1):
+        new = runs[i]
+        key = new.measured_threads()
+        for old in reversed(runs[:i]):
+            if old.measured_threads() == key:
+                return old, new
+    return None
 
 
 def compare(old, new):
@@ -1025,9 +1111,17 @@ def main(argv=None):
             print(f"  {al:<10} {state}" + (f" ({al.version})" if al.available and al.version else ""))
         return 0
 
-    if a.load:
-        res = load(a.load)
-    else:
+    old_run = None
+    try:
+        if a.compare:                 # read it before a long run, not after
+            old_run = load(a.compare)
+        if a.load:
+            res = load(a.load)
+    except (OSError, ValueError) as e:
+        which = a.compare if old_run is None and a.compare else a.load
+        print(f"kpool bench: cannot read {which}: {_why(e)}", file=sys.stderr)
+        return 2
+    if not a.load:
         threads = [int(t) for t in a.threads] if a.threads else None
         ops, rounds, burst = a.ops, a.rounds, a.burst_bytes
         if a.quick:
@@ -1059,17 +1153,33 @@ def main(argv=None):
     targets = res.targets_table()
     if targets:
         print(targets)
+    status = 0
     if a.save:
-        res.save(a.save)
-        print(f"saved: {a.save}")
+        try:
+            res.save(a.save)
+            print(f"saved: {a.save}")
+        except OSError as e:
+            print(f"kpool bench: cannot write {a.save}: {_why(e)}", file=sys.stderr)
+            status = 1
     if a.plot:
         try:
             res.plot(a.plot)
             print(f"plot: {a.plot}")
         except ImportError as e:
             print(f"kpool bench: --plot needs matplotlib ({e})", file=sys.stderr)
-    if a.compare:
+            status = 1
+        except OSError as e:
+            print(f"kpool bench: cannot write {a.plot}: {_why(e)}", file=sys.stderr)
+            status = 1
+    if old_run is not None:
         print()
-        print(compare(a.compare, res))
+        print(compare(old_run, res))
     bad = [r for r in res.records if r.get("corrupt")]
-    return 3 if bad else 0
+    return 3 if bad else status
+
+
+def _why(e):
+    """An exception as one line, without the file name an OSError repeats."""
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    return " ".join(str(e).split()) or type(e).__name__

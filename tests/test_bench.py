@@ -228,6 +228,43 @@ def test_plot(tiny, tmp_path):
     assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_plot_creates_missing_folders(tiny, tmp_path):
+    """Issue 15: plot() creates the folders of its path, as save() does."""
+    pytest.importorskip("matplotlib")
+    p = tmp_path / "new" / "dir" / "x.png"
+    tiny.plot(p)
+    assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_plot_into_a_new_folder(tiny, tmp_path):
+    """`--plot newdir/x.png` printed the tables, then died with FileNotFoundError."""
+    pytest.importorskip("matplotlib")
+    run = tiny.save(tmp_path / "run.json")
+    png = tmp_path / "newdir" / "sub" / "x.png"
+    out = _cli("--load", str(run), "--plot", str(png))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"plot: {png}" in out.stdout
+
+
+def test_cli_unreadable_run_is_one_clean_error(tmp_path):
+    """`--load /missing.json` (or --compare, or a file that is not a run) is
+    one error line and exit status 2, as argparse errors are; no traceback."""
+    bad = tmp_path / "bad.json"
+    bad.write_text("{ not json")
+    missing = tmp_path / "missing.json"
+    for args, name in ((["--load", str(missing)], missing), (["--load", "/missing.json"], "/missing.json"),
+                       (["--load", str(bad)], bad), (["--compare", str(missing), "--workloads", "pairs"], missing)):
+        out = _cli(*args, "--no-progress")
+        assert out.returncode == 2, (args, out.stdout, out.stderr)
+        assert "Traceback" not in out.stderr, out.stderr
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"kpool bench: cannot read {name}: "), out.stderr
+        assert out.stdout == ""              # failed before printing (or running) anything
+    assert "No such file or directory" in _cli("--load", str(missing)).stderr
+
+
 def test_memory_workloads():
     res = bench.run(workloads=["burst", "frag"], allocators=["system", "kpool"], ops={"frag": OPS}, repeat=1,
                     burst_bytes=4 << 20)

@@ -1,7 +1,10 @@
 """kpool.ObjectPool: reuse, reset, capacity and timeouts, identity
 tracking, discarded objects, factory errors, threads, bad input."""
+import re
 import threading
 import time
+import typing
+import warnings
 
 import pytest
 
@@ -126,7 +129,8 @@ def test_reset_that_raises_discards():
     pool = kpool.ObjectPool(dict, reset=reset)
     a = pool.get()
     a["bad"] = True
-    pool.put(a)
+    with pytest.warns(RuntimeWarning, match="cannot reset"):
+        pool.put(a)
     assert pool.idle == 0
     assert pool.stats()["discarded"] == 1
     b = pool.get()
@@ -249,3 +253,287 @@ def test_timeout_wrong_type_and_huge():
     with pytest.raises(OverflowError):
         pool.get(timeout=1e300)
     assert pool.in_use == 0
+
+
+def test_capacity_holds_while_reset_runs():
+    """Issue 15: put() used to lower in_use and wake a waiter before reset()
+    finished; the waiter created a new object and the reset one then went to
+    the idle list, so more than `capacity` objects existed and were handed out.
+    An object being reset still holds its capacity slot."""
+    cap, nthreads, rounds = 3, 8, 60
+    pool = kpool.ObjectPool(lambda: [0], reset=lambda o: time.sleep(0.0005), capacity=cap)
+    errors, peaks = [], []
+    lock = threading.Lock()
+    out = set()
+
+    def worker():
+        try:
+            for _ in range(rounds):
+                with pool.borrow(timeout=None) as obj:
+                    s = pool.stats()
+                    with lock:
+                        assert id(obj) not in out   # never handed to two threads at once
+                        out.add(id(obj))
+                        peaks.append((s["in_use"], s["created"], s["in_use"] + s["resetting"]))
+                    assert s["in_use"] <= cap, s
+                    assert s["created"] <= cap, s
+                    assert s["in_use"] + s["resetting"] <= cap, s
+                    time.sleep(0.0002)
+                    with lock:
+                        out.discard(id(obj))
+        except BaseException as e:  # pragma: no cover - the failure is the test's point
+            errors.append(e)
+
+    ts = [threading.Thread(target=worker) for _ in range(nthreads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors, errors[0]
+    s = pool.stats()
+    assert s["created"] <= cap and s["high_water"] <= cap, s
+    assert s["in_use"] == 0 and s["resetting"] == 0 and s["idle"] == s["created"]
+    assert max(p[0] for p in peaks) <= cap and max(p[1] for p in peaks) <= cap
+    assert s["gets"] == nthreads * rounds == s["puts"]
+
+
+# -- discard, the close callback, close() (issue 15 item 2) ---------------------
+
+
+def test_discard_frees_the_slot_and_closes_the_object():
+    closed = []
+    pool = kpool.ObjectPool(lambda: [0], close=closed.append, capacity=1)
+    a = pool.get()
+    with pytest.raises(kpool.PoolExhausted):
+        pool.get()
+    pool.discard(a)
+    assert closed == [a] and closed[0] is a
+    assert pool.in_use == 0 and pool.idle == 0
+    s = pool.stats()
+    assert s["discarded"] == 1 and s["puts"] == 0
+    b = pool.get()                      # the slot is free again: a new object
+    assert b is not a and pool.stats()["created"] == 2
+    with pytest.raises(ValueError):
+        pool.discard(a)                 # already gone
+    with pytest.raises(ValueError):
+        pool.put(a)
+    with pytest.raises(ValueError):
+        pool.discard([0])               # never handed out
+    pool.put(b)
+    with pytest.raises(ValueError):
+        pool.discard(b)                 # idle, not handed out
+    assert closed == [a]
+
+
+def test_discard_wakes_a_waiting_thread():
+    pool = kpool.ObjectPool(object, capacity=1)
+    a = pool.get()
+    got = []
+    t = threading.Thread(target=lambda: got.append(pool.get(timeout=30)))
+    t.start()
+    time.sleep(0.05)
+    pool.discard(a)
+    t.join(30)
+    assert len(got) == 1 and got[0] is not a
+
+
+def test_discard_inside_borrow_is_not_put_back():
+    pool = kpool.ObjectPool(list, reset=list.clear, capacity=2)
+    with pool.borrow() as conn:
+        pool.discard(conn)
+    assert pool.in_use == 0 and pool.idle == 0
+    assert pool.stats()["discarded"] == 1 and pool.stats()["puts"] == 0
+    with pool.borrow() as other:
+        pool.put(other)                 # put back by hand inside: borrow does not put it twice
+    assert pool.idle == 1
+
+
+def test_close_callback_for_every_object_the_pool_drops():
+    closed = []
+
+    def reset(o):
+        if o.get("bad"):
+            raise RuntimeError("broken")
+
+    pool = kpool.ObjectPool(dict, reset=reset, close=lambda o: closed.append(id(o)), max_idle=1)
+    a, b, c, d = (pool.get() for _ in range(4))
+    pool.put(a)                          # idle
+    pool.put(b)                          # beyond max_idle: dropped
+    assert closed == [id(b)]
+    c["bad"] = True
+    with pytest.warns(RuntimeWarning):
+        pool.put(c)                      # reset failed: dropped
+    assert closed == [id(b), id(c)]
+    assert pool.clear() == 1             # a
+    assert closed == [id(b), id(c), id(a)]
+    e = pool.get()
+    pool.put(e)
+    pool.close()                         # e, idle
+    assert closed == [id(b), id(c), id(a), id(e)]
+    pool.put(d)                          # handed out before close: dropped when it comes back
+    assert closed[-1] == id(d) and len(closed) == 5
+    s = pool.stats()
+    assert s["discarded"] == 5 and s["reset_errors"] == 1 and s["idle"] == 0 and s["in_use"] == 0
+
+
+def test_close_and_context_manager():
+    closed = []
+    with kpool.ObjectPool(list, close=closed.append) as pool:
+        assert not pool.closed
+        x = pool.get()
+        y = pool.get()
+        pool.put(y)
+    assert pool.closed and pool.stats()["closed"]
+    assert closed == [y]
+    with pytest.raises(ValueError, match="closed"):
+        pool.get()
+    with pytest.raises(ValueError, match="closed"):
+        with pool.borrow():
+            pass
+    pool.close()                          # idempotent
+    pool.put(x)                           # still allowed: closes x
+    assert closed == [y, x] and pool.idle == 0
+    assert "closed" in repr(pool)
+
+
+def test_close_wakes_waiters_with_a_clear_error():
+    pool = kpool.ObjectPool(object, capacity=1)
+    held = pool.get()
+    errors = []
+
+    def waiter():
+        try:
+            pool.get(timeout=30)
+        except ValueError as e:
+            errors.append(e)
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    time.sleep(0.05)
+    pool.close()
+    t.join(30)
+    assert len(errors) == 1 and "closed" in str(errors[0])
+    pool.put(held)
+
+
+def test_reset_error_warns_once_per_pool_and_is_counted():
+    def reset(o):
+        raise ValueError("no reset for you")
+
+    pool = kpool.ObjectPool(list, reset=reset)
+    objs = [pool.get() for _ in range(3)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for o in objs:
+            pool.put(o)                   # put() returns normally
+    assert [w.category for w in caught] == [RuntimeWarning]
+    assert "no reset for you" in str(caught[0].message) and "reset_errors" in str(caught[0].message)
+    assert caught[0].filename == __file__   # points at the put() call
+    s = pool.stats()
+    assert s["reset_errors"] == 3 and s["discarded"] == 3 and s["idle"] == 0 and s["resetting"] == 0
+    other = kpool.ObjectPool(list, reset=reset)
+    with pytest.warns(RuntimeWarning):
+        other.put(other.get())            # once per pool, not once per process
+
+
+def test_reset_keyboard_interrupt_releases_the_slot():
+    def reset(o):
+        raise KeyboardInterrupt
+
+    closed = []
+    pool = kpool.ObjectPool(list, reset=reset, close=closed.append, capacity=1)
+    a = pool.get()
+    with pytest.raises(KeyboardInterrupt):
+        pool.put(a)
+    s = pool.stats()
+    assert s["in_use"] == 0 and s["resetting"] == 0 and s["discarded"] == 1 and closed == [a]
+    pool.get()                            # capacity is free again
+
+
+def test_close_callback_error_is_counted_and_warned_once():
+    def close(o):
+        raise OSError("close failed")
+
+    pool = kpool.ObjectPool(list, close=close, max_idle=0)
+    with pytest.warns(RuntimeWarning, match="close failed"):
+        pool.put(pool.get())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pool.discard(pool.get())          # counted, no second warning
+    assert pool.stats()["close_errors"] == 2 and pool.stats()["discarded"] == 2
+
+
+def test_objectpool_is_generic():
+    T = typing.TypeVar("T")
+    assert issubclass(kpool.ObjectPool, typing.Generic)
+    alias = kpool.ObjectPool[bytearray]
+    pool = alias(bytearray)
+    assert isinstance(pool, kpool.ObjectPool)
+    params = kpool.ObjectPool.__parameters__
+    assert len(params) == 1
+    (t,) = params
+    hints = typing.get_type_hints(kpool.ObjectPool.get)
+    assert hints["return"] is t
+    assert typing.get_type_hints(kpool.ObjectPool.put)["obj"] is t
+    assert typing.get_type_hints(kpool.ObjectPool.discard)["obj"] is t
+    assert typing.get_type_hints(kpool.ObjectPool.get_async)["return"] is t
+    assert typing.get_type_hints(kpool.ObjectPool.borrow.__wrapped__)["return"] == typing.Iterator[t]
+    assert typing.get_type_hints(kpool.ObjectPool.borrow_async.__wrapped__)["return"] == typing.AsyncIterator[t]
+    assert typing.get_type_hints(kpool.ObjectPool.__init__)["factory"] == typing.Callable[[], t]
+    del T
+
+
+def test_objectpool_types_check_with_mypy(tmp_path):
+    """A type checker sees ObjectPool[T]: get() -> T, borrow() yields T."""
+    api = pytest.importorskip("mypy.api")
+    src = tmp_path / "use_pool.py"
+    src.write_text(
+        "import kpool\n"
+        "pool = kpool.ObjectPool(bytearray, reset=lambda b: b.clear(), capacity=2)\n"
+        "reveal_type(pool)\n"
+        "reveal_type(pool.get())\n"
+        "with pool.borrow() as b:\n"
+        "    reveal_type(b)\n"
+        "async def f() -> None:\n"
+        "    reveal_type(await pool.get_async())\n"
+        "    async with pool.borrow_async() as c:\n"
+        "        reveal_type(c)\n"
+        "n: int = pool.get()\n")
+    out, err, rc = api.run([str(src), "--no-incremental", "--cache-dir", str(tmp_path / "cache"),
+                            "--python-executable", __import__("sys").executable])
+    lines = [l for l in out.splitlines() if "note: Revealed type" in l]
+    assert len(lines) == 5, out
+    assert re.search(r'ObjectPool\[(builtins\.)?bytearray\]"', lines[0]), out
+    assert all(re.search(r'"(builtins\.)?bytearray"', l) for l in lines[1:]), out
+    assert 'Incompatible types in assignment (expression has type "bytearray", variable has type "int")' in out
+
+
+def test_objects_alive_stay_within_capacity_with_discards():
+    """discard() and dropped resets free slots, but never let more than
+    capacity objects exist at once (created minus dropped)."""
+    cap = 3
+    pool = kpool.ObjectPool(lambda: [0], reset=lambda o: time.sleep(0.0002), capacity=cap)
+    errors = []
+
+    def worker(k):
+        try:
+            for i in range(80):
+                obj = pool.get(timeout=30)
+                s = pool.stats()
+                alive = s["created"] - s["discarded"]
+                assert alive <= cap and s["in_use"] + s["resetting"] <= cap, s
+                if (i + k) % 7 == 0:
+                    pool.discard(obj)
+                else:
+                    pool.put(obj)
+        except BaseException as e:  # pragma: no cover
+            errors.append(e)
+
+    ts = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors, errors[0]
+    s = pool.stats()
+    assert s["created"] - s["discarded"] == s["idle"] <= cap

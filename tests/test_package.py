@@ -90,6 +90,67 @@ def test_exception_hierarchy():
     assert kpool.PoolExhausted.__module__ == "kpool"
 
 
+def test_pool_exhausted_is_a_timeout_error():
+    """Issue 15: PoolExhausted is caught by `except TimeoutError` (and stays a kpool.Error)."""
+    assert issubclass(kpool.PoolExhausted, TimeoutError)
+    assert issubclass(kpool.PoolExhausted, OSError)       # as TimeoutError is
+    assert not issubclass(kpool.Error, TimeoutError) and not issubclass(kpool.CorruptionError, TimeoutError)
+    pool = kpool.BufferPool(64, capacity=1)
+    held = pool.acquire()
+    with pytest.raises(TimeoutError) as info:
+        pool.acquire()
+    assert type(info.value) is kpool.PoolExhausted and "exhausted" in str(info.value)
+    assert info.value.errno is None
+    objs = kpool.ObjectPool(object, capacity=1)
+    o = objs.get()
+    try:
+        objs.get(timeout=0.01)
+    except TimeoutError as e:
+        assert isinstance(e, kpool.Error)
+    else:
+        raise AssertionError("no PoolExhausted")
+    e = kpool.PoolExhausted("msg")
+    assert str(e) == "msg" and e.args == ("msg",)
+    import pickle
+    back = pickle.loads(pickle.dumps(e))
+    assert type(back) is kpool.PoolExhausted and str(back) == "msg"
+    assert "TimeoutError" in kpool.PoolExhausted.__doc__
+    held.release()
+    objs.put(o)
+    pool.close()
+
+
+def test_default_timeout_is_zero_and_documented():
+    """acquire() and get() fail fast by default (timeout=0), unlike queue.Queue.get;
+    the docstrings say so and say how to wait."""
+    import inspect
+    import time
+
+    assert inspect.signature(kpool.BufferPool.acquire).parameters["timeout"].default == 0.0
+    assert inspect.signature(kpool.ObjectPool.get).parameters["timeout"].default == 0.0
+    assert inspect.signature(kpool.ObjectPool.borrow).parameters["timeout"].default == 0.0
+    assert inspect.signature(kpool.ObjectPool.get_async).parameters["timeout"].default is None
+    assert inspect.signature(kpool.BufferPool.acquire_async).parameters["timeout"].default is None
+    for fn in (kpool.BufferPool.acquire, kpool.ObjectPool.get):
+        doc = " ".join(fn.__doc__.split())
+        assert "The default, 0, never waits" in doc and "queue.Queue.get" in doc, fn
+        assert "None waits" in doc and "TimeoutError" in doc, fn
+    for fn in (kpool.BufferPool.acquire_async, kpool.ObjectPool.get_async):
+        doc = " ".join(fn.__doc__.split())
+        assert "default timeout is None" in doc and "PoolExhausted" in doc, fn
+    pool = kpool.BufferPool(64, capacity=1)
+    objs = kpool.ObjectPool(object, capacity=1)
+    held, o = pool.acquire(), objs.get()
+    t0 = time.monotonic()
+    with pytest.raises(kpool.PoolExhausted):
+        pool.acquire()
+    with pytest.raises(kpool.PoolExhausted):
+        objs.get()
+    assert time.monotonic() - t0 < 0.5       # no wait at all
+    held.release()
+    objs.put(o)
+
+
 def test_types_are_named_for_the_package():
     for t in (kpool.Block, kpool.BufferPool, kpool.Arena, kpool.ObjectPool):
         assert t.__module__ == "kpool"
@@ -158,3 +219,84 @@ def test_bench_is_reachable_when_present():
 def test_unknown_attribute_raises_attribute_error():
     with pytest.raises(AttributeError):
         kpool.no_such_thing  # noqa: B018
+
+
+def test_help_shows_the_public_api_only():
+    """Issue 15: help(kpool) listed the internal alias _core_module (as a
+    submodule) and pointed at DESIGN.md, which is not shipped."""
+    import pydoc
+
+    text = pydoc.render_doc(kpool, renderer=pydoc.plaintext)
+    assert "_core_module" not in text and "SUBMODULES" not in text
+    assert "DESIGN.md" not in text
+    assert not hasattr(kpool, "_core_module")
+    assert {n for n in dir(kpool) if not n.startswith("_")} == set(kpool.__all__) - {"__version__"} | {"bench"}
+    functions = text[text.index("\nFUNCTIONS\n"):text.index("\nDATA\n")]
+    listed = {line.split("(")[0].strip() for line in functions.splitlines() if line.startswith("    ")
+              and not line.startswith("     ") and "(" in line}
+    assert listed <= set(kpool.__all__), listed
+    # the package folder also holds the C library; the docstring says what it is
+    contents = text[text.index("PACKAGE CONTENTS"):text.index("CLASSES")].split()[2:]
+    assert {c for c in contents if not c.startswith("_")} <= {"bench", "libkpool"}, contents
+    assert "not a Python module" in " ".join(kpool.__doc__.split())
+
+
+def test_docstrings_name_no_missing_files():
+    """No docstring (nor any source of the package or the binding) points at DESIGN.md."""
+    import glob
+    import pydoc
+
+    root = os.path.join(os.path.dirname(__file__), os.pardir)
+    files = glob.glob(os.path.join(root, "kpool", "*.py")) + glob.glob(os.path.join(root, "kpool", "*.pyi")) \
+        + glob.glob(os.path.join(root, "csrc", "python", "*.[ch]"))
+    for path in files:
+        with open(path) as f:
+            assert "DESIGN.md" not in f.read(), path
+    for mod in (kpool, kpool.bench):
+        assert "DESIGN.md" not in pydoc.render_doc(mod, renderer=pydoc.plaintext)
+
+
+STRESS_KEYWORDS = ["workload", "threads", "ops", "allocator", "seed", "verify", "size", "burst_bytes"]
+
+
+def test_stress_signature_and_docstring_cover_every_keyword():
+    """Issue 15: stress()'s signature and docstring left out size and
+    burst_bytes, and did not say its defaults differ from kpool-stress's."""
+    import inspect
+
+    sig = inspect.signature(kpool.stress)
+    assert list(sig.parameters) == STRESS_KEYWORDS
+    assert sig.parameters["workload"].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+    assert all(sig.parameters[k].kind is inspect.Parameter.KEYWORD_ONLY for k in STRESS_KEYWORDS[1:])
+    doc = kpool.stress.__doc__
+    for k in STRESS_KEYWORDS:
+        assert "%s=%r" % (k, sig.parameters[k].default) in doc, k
+    flat = " ".join(doc.split())
+    assert "kpool-stress" in flat and "1 thread with verify off" in flat
+    # every keyword of the signature is accepted, with its documented default
+    if kpool._core.HAVE_STRESS:
+        r = kpool.stress(workload="pairs", threads=1, ops=2000, allocator="kpool", seed=3, verify=True, size=48,
+                         burst_bytes=1 << 20)
+        assert r["ops"] == 2000 and r["corrupt"] == 0
+        defaults = {k: p.default for k, p in sig.parameters.items()}
+        r = kpool.stress(**dict(defaults, workload="pairs", ops=2000))
+        assert r["corrupt"] == 0
+    with pytest.raises(TypeError):
+        kpool.stress(workload="pairs", bogus=1)
+
+
+def test_stress_stub_matches_the_runtime_signature():
+    import ast
+    import inspect
+
+    with open(os.path.join(os.path.dirname(kpool.__file__), "_core.pyi")) as f:
+        tree = ast.parse(f.read())
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "stress")
+    stub = [a.arg for a in fn.args.args] + [a.arg for a in fn.args.kwonlyargs]
+    assert stub == STRESS_KEYWORDS
+    sig = inspect.signature(kpool.stress)
+    stub_defaults = dict(zip([a.arg for a in fn.args.args][-len(fn.args.defaults):], fn.args.defaults))
+    stub_defaults.update({a.arg: d for a, d in zip(fn.args.kwonlyargs, fn.args.kw_defaults)})
+    for k in STRESS_KEYWORDS:
+        assert ast.literal_eval(stub_defaults[k]) == sig.parameters[k].default, k
+    assert [a.arg for a in fn.args.args] == ["workload"]

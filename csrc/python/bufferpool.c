@@ -358,10 +358,15 @@ static PyMethodDef bufferpool_methods[] = {
     {"acquire", (PyCFunction)(void (*)(void))bufferpool_acquire, METH_FASTCALL | METH_KEYWORDS,
      "acquire($self, /, timeout=0.0)\n--\n\n"
      "Return a Block of buffer_size bytes from the pool.\n\n"
-     "timeout 0 raises kpool.PoolExhausted at once when all `capacity` buffers\n"
-     "are in use; None waits until another thread releases one; a positive\n"
-     "number waits at most that many seconds, then raises PoolExhausted.\n"
-     "Waiting releases the GIL and can be interrupted by Ctrl-C."},
+     "The timeout matters only at capacity. The default, 0, never waits: it\n"
+     "raises kpool.PoolExhausted at once when all `capacity` buffers are in use\n"
+     "(unlike queue.Queue.get, which blocks by default: a full pool usually\n"
+     "means a leak or an overload, and failing fast shows it). None waits until\n"
+     "another thread releases one; a positive number waits at most that many\n"
+     "seconds, then raises PoolExhausted. PoolExhausted is a TimeoutError.\n"
+     "Waiting releases the GIL and can be interrupted by Ctrl-C. In asyncio\n"
+     "code use `await pool.acquire_async(timeout=...)`, which waits without\n"
+     "blocking the event loop. A closed pool raises ValueError."},
     {"release", (PyCFunction)(void (*)(void))bufferpool_release, METH_O,
      "release($self, block, /)\n--\n\nGive a Block of this pool back (same as block.release()). A Block of\n"
      "another pool or from kpool.malloc raises ValueError."},

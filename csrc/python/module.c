@@ -488,13 +488,29 @@ PyDoc_STRVAR(stats_reset_doc, "stats_reset($module, /)\n--\n\nZero the event cou
 PyDoc_STRVAR(trim_doc, "trim($module, /)\n--\n\nGive all idle memory back to the OS; returns the bytes released.");
 PyDoc_STRVAR(thread_flush_doc, "thread_flush($module, /)\n--\n\nGive this thread's cached free blocks back to the shared lists.");
 PyDoc_STRVAR(stress_doc,
-"stress($module, /, workload='mixed', *, threads=4, ops=1000000, allocator='kpool', seed=1, verify=True)\n--\n\n"
+"stress($module, /, workload='mixed', *, threads=4, ops=1000000, allocator='kpool',\n"
+"       seed=1, verify=True, size=32, burst_bytes=1073741824)\n--\n\n"
 "Run the multithreaded C stress driver with the GIL released and return its\n"
 "result as a dict (ops, seconds, ops_per_sec, latency percentiles, RSS, ...;\n"
-"for the kpool allocators also kpool_stats). Workloads: pairs mixed random\n"
-"larson prodcons burst frag; allocators: kpool kpool-pool system null.\n"
-"Raises kpool.CorruptionError when verification finds damaged blocks and\n"
-"KeyboardInterrupt (after stopping the workers) on Ctrl-C.");
+"for the kpool allocators also kpool_stats).\n\n"
+"workload='mixed': one of pairs mixed random larson prodcons burst frag\n"
+"    (kpool.STRESS_WORKLOADS).\n"
+"threads=4: worker threads (at most 1024).\n"
+"ops=1000000: operations over all threads (frag: small blocks; burst: unused).\n"
+"allocator='kpool': kpool, kpool-pool (fixed pools, pairs only), system\n"
+"    (this process's malloc) or null (the driver's own cost).\n"
+"seed=1: the random generator's seed.\n"
+"verify=True: stamp every block and check it before it is freed; damaged\n"
+"    or overlapping blocks raise kpool.CorruptionError.\n"
+"size=32: the block size of pairs, 1..2**30 bytes.\n"
+"burst_bytes=1073741824: the total that burst allocates (1 GiB), at most 2**40.\n\n"
+"The defaults differ from the kpool-stress executable's on purpose: this\n"
+"function checks (4 threads, verify on), while kpool-stress, the timing tool\n"
+"that kpool.bench runs, defaults to 1 thread with verify off; pass\n"
+"threads=1, verify=False for the same measurement. Raises ValueError for an\n"
+"unknown workload or allocator or a bad size, kpool.CorruptionError when\n"
+"verification finds damaged blocks, and KeyboardInterrupt (after stopping\n"
+"the workers) on Ctrl-C.");
 
 static PyMethodDef module_methods[] = {
     {"malloc", (PyCFunction)(void (*)(void))kpy_malloc, METH_FASTCALL | METH_KEYWORDS, malloc_doc},
@@ -529,7 +545,12 @@ static PyTypeObject *make_type(PyObject *m, PyType_Spec *spec, int instantiable)
 }
 
 PyDoc_STRVAR(error_doc, "Base class of kpool's own exceptions.");
-PyDoc_STRVAR(exhausted_doc, "A bounded pool is at its capacity (raised by BufferPool.acquire and ObjectPool.get).");
+PyDoc_STRVAR(exhausted_doc,
+"A bounded pool is at its capacity: raised by BufferPool.acquire and\n"
+"ObjectPool.get at once with timeout=0 (their default), or when a wait of\n"
+"timeout seconds ran out (also by acquire_async and get_async).\n\n"
+"A subclass of both kpool.Error and the built-in TimeoutError, so\n"
+"`except TimeoutError:` catches it as it catches other timeouts.");
 PyDoc_STRVAR(corrupt_doc, "The stress driver's verification found damaged or overlapping blocks.");
 
 #ifdef KPOOL_HAVE_STRESS
@@ -557,8 +578,12 @@ static int module_exec(PyObject *m) {
     if (!(st->BufferPool_type = make_type(m, &kpy_bufferpool_spec, 1))) return -1;
     if (!(st->Arena_type = make_type(m, &kpy_arena_spec, 1))) return -1;
     if (!(st->Error = PyErr_NewExceptionWithDoc("kpool.Error", error_doc, NULL, NULL))) return -1;
-    if (!(st->PoolExhausted = PyErr_NewExceptionWithDoc("kpool.PoolExhausted", exhausted_doc, st->Error, NULL)))
-        return -1;
+    /* PoolExhausted is a kpool.Error and a TimeoutError: `except TimeoutError` catches a wait that ran out */
+    PyObject *exhausted_bases = PyTuple_Pack(2, st->Error, PyExc_TimeoutError);
+    if (!exhausted_bases) return -1;
+    st->PoolExhausted = PyErr_NewExceptionWithDoc("kpool.PoolExhausted", exhausted_doc, exhausted_bases, NULL);
+    Py_DECREF(exhausted_bases);
+    if (!st->PoolExhausted) return -1;
     if (!(st->CorruptionError = PyErr_NewExceptionWithDoc("kpool.CorruptionError", corrupt_doc, st->Error, NULL)))
         return -1;
     if (add_ref(m, "Block", (PyObject *)st->Block_type) < 0 ||
