@@ -15,7 +15,8 @@ demonstration. Bounded pools raise kpool.PoolExhausted, a TimeoutError.
 
 kpool can also be a whole program's malloc: kpool.run([...]) or
 ``python -m kpool run -- CMD`` runs a command with LD_PRELOAD set to the
-library kpool.get_preload() returns (libkpool-malloc.so).
+library kpool.get_preload() returns (libkpool-malloc.so, also listed among
+the package contents: a C library).
 
 C code shares the same process-wide heap: the header kpool.h, in the folder
 kpool.get_include() returns, documents the C API; link the library file

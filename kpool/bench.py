@@ -782,10 +782,11 @@ PALETTE = {
     "tcmalloc": "#2ca02c",
     "mimalloc": "#d62728",
     "kpool": "#9467bd",
+    "kpool-preload": "#e377c2",
     "kpool-pool": "#8c564b",
     "null": "#7f7f7f",
 }
-_SPARE_COLOURS = ("#e377c2", "#bcbd22", "#17becf")
+_SPARE_COLOURS = ("#bcbd22", "#17becf", "#aec7e8")
 
 
 def color_of(allocator):
@@ -1077,7 +1078,7 @@ def main(argv=None):
     """``python -m kpool bench``: run the comparison and print the table."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--real" in argv:
-        from . import bench_real
+        from . import _bench_real as bench_real
         return bench_real.main([x for x in argv if x != "--real"])
     import argparse
     p = argparse.ArgumentParser(prog="python -m kpool bench",

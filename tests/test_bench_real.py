@@ -9,7 +9,7 @@ import pytest
 
 from conftest import KPOOL_PARENT
 
-bench_real = pytest.importorskip("kpool.bench_real")
+bench_real = pytest.importorskip("kpool._bench_real")
 
 
 def test_quick_run_measures_every_allocator_and_checks_output(tmp_path):
