@@ -72,14 +72,21 @@ static kp_span *new_span(kp_central *c, unsigned cls) {
     return s;
 }
 
+/* The chain a fetch hands out is built in order, appended at its tail:
+ * objects carved from a span come out in ascending address order, so a
+ * program that walks its objects in allocation order (a garbage collector,
+ * a list of records) walks memory forwards, as hardware prefetchers expect.
+ * (Prepending carved objects handed them out backwards: CPython's GC walk
+ * of a json.loads result took 28% more samples than under tcmalloc.) */
 unsigned _kp_central_fetch(unsigned cls, unsigned n, void **head_out) {
     kp_central *c = &centrals[cls];
     const size_t size = _kp_classes[cls].size;
-    void *head = NULL;
+    void *head = NULL, *tail = NULL;
     unsigned got = 0;
+#define APPEND(first, last) do { if (tail) _kp_set_next(tail, (first)); else head = (first); tail = (last); } while (0)
     _kp_lock(&c->lock);
     if (n == _kp_classes[cls].batch && c->used > 0) {
-        head = c->slots[--c->used];
+        head = c->slots[--c->used];   /* a whole batch, already terminated */
         got = n;
     }
     while (got < n) {
@@ -89,13 +96,12 @@ unsigned _kp_central_fetch(unsigned cls, unsigned n, void **head_out) {
             if (!s) break;
         }
         /* A span's free list (carved - allocated objects) that fits goes
-         * onto the chain whole through its tail, without walking it: its
-         * objects were mostly freed by other threads, so every link read
-         * under the lock would miss on another core's cache line. */
+         * onto the chain whole, without walking it: its objects were mostly
+         * freed by other threads, so every link read under the lock would
+         * miss on another core's cache line. */
         unsigned listed = s->carved - s->allocated;
         if (s->freelist && listed <= n - got) {
-            _kp_set_next(s->freelist_tail, head);
-            head = s->freelist;
+            APPEND(s->freelist, s->freelist_tail);
             s->freelist = s->freelist_tail = NULL;
             s->allocated += listed;
             got += listed;
@@ -114,13 +120,14 @@ unsigned _kp_central_fetch(unsigned cls, unsigned n, void **head_out) {
             } else {
                 break;
             }
-            _kp_set_next(obj, head);
-            head = obj;
+            APPEND(obj, obj);
             s->allocated++;
             got++;
         }
         if (!s->freelist && s->carved == s->capacity) partial_remove(s);
     }
+#undef APPEND
+    if (tail) _kp_set_next(tail, NULL);
     KP_STORE(c->free_objects, KP_LOAD(c->free_objects) - got);
     _kp_unlock(&c->lock);
     *head_out = head;
