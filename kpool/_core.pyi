@@ -4,7 +4,7 @@ Everything here is re-exported by the package: use ``import kpool``.
 """
 
 from types import TracebackType
-from typing import Any, Dict, List, Optional, Tuple, Type, Union
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, Type, Union, overload
 
 __version__: str
 HAVE_STRESS: int
@@ -26,9 +26,13 @@ class Block:
     """A writable buffer of exactly `size` bytes of kpool memory.
 
     Made by kpool.malloc(), BufferPool.acquire() and Arena.alloc(); supports
-    the buffer protocol, release() and the context-manager protocol. Any use
-    after release raises ValueError; release while a view is alive raises
-    BufferError. A Block that is garbage-collected is released.
+    the buffer protocol (bytes(b), memoryview), len(b), indexing like a
+    bytearray of fixed size (b[i] -> int, b[i:j] / b[i:j:k] -> bytes; item and
+    equal-length slice assignment; a size change raises ValueError), weak
+    references, release() and the context-manager protocol; heap Blocks can
+    be resize()d. Any use after release raises ValueError; release or resize
+    while a view is alive raises BufferError. A Block that is
+    garbage-collected is released.
     """
 
     @property
@@ -48,7 +52,20 @@ class Block:
         """'heap', 'pool' or 'arena'."""
     def release(self) -> None:
         """Give the memory back; idempotent; BufferError while a view is alive."""
+    def resize(self, size: int, /) -> None:
+        """Heap Blocks only (TypeError otherwise): change the size, keeping the
+        first min(old, new) bytes; BufferError while a view is alive,
+        MemoryError (Block unchanged) when out of memory."""
     def __len__(self) -> int: ...
+    @overload
+    def __getitem__(self, key: int, /) -> int: ...
+    @overload
+    def __getitem__(self, key: slice, /) -> bytes: ...
+    @overload
+    def __setitem__(self, key: int, value: int, /) -> None: ...
+    @overload
+    def __setitem__(self, key: slice, value: Union[bytes, bytearray, memoryview, Iterable[int]], /) -> None: ...
+    def __iter__(self) -> Iterator[int]: ...
     def __buffer__(self, flags: int) -> memoryview: ...
     def __enter__(self) -> "Block": ...
     def __exit__(

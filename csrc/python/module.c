@@ -77,6 +77,14 @@ int kpy_parse_args(const char *fname, PyObject *const *args, Py_ssize_t nargs, P
 }
 
 int kpy_size_arg(PyObject *o, const char *name, int allow_zero, Py_ssize_t *out) {
+    if (PyLong_CheckExact(o)) {  /* the common case, without a new reference */
+        Py_ssize_t n = PyLong_AsSsize_t(o);
+        if (n > 0 || (n == 0 && allow_zero)) {
+            *out = n;
+            return 0;
+        }
+        if (n == -1 && PyErr_Occurred()) PyErr_Clear();  /* the general path below says why */
+    }
     if (PyFloat_Check(o) || !PyIndex_Check(o)) {
         PyErr_Format(PyExc_TypeError, "%s must be an int, not %.100s", name, Py_TYPE(o)->tp_name);
         return -1;
@@ -165,6 +173,11 @@ int kpy_timeout_arg(PyObject *o, double *seconds, int *forever) {
     return 0;
 }
 
+PyObject *kpy_no_memory(const char *what, size_t bytes) {
+    PyErr_Format(PyExc_MemoryError, "%s: cannot allocate %zu bytes", what, bytes);
+    return NULL;
+}
+
 int kpy_dict_steal(PyObject *dict, const char *key, PyObject *value) {
     if (!value) return -1;
     int r = PyDict_SetItemString(dict, key, value);
@@ -177,16 +190,17 @@ int kpy_dict_steal(PyObject *dict, const char *key, PyObject *value) {
 static const char *const malloc_kw[] = {"size", "zero", NULL};
 
 static PyObject *kpy_malloc(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
-    PyObject *o[2];
-    if (kpy_parse_args("malloc", args, nargs, kwnames, malloc_kw, 1, 1, o) < 0) return NULL;
+    PyObject *o[2] = {NULL, NULL};
+    if (nargs == 1 && !kwnames) o[0] = args[0];  /* malloc(n): no keyword matching */
+    else if (kpy_parse_args("malloc", args, nargs, kwnames, malloc_kw, 1, 1, o) < 0) return NULL;
     Py_ssize_t size;
     if (kpy_size_arg(o[0], "size", 1, &size) < 0) return NULL;
     int zero = 0;
     if (o[1] && (zero = PyObject_IsTrue(o[1])) < 0) return NULL;
     void *p = zero ? kp_calloc(1, (size_t)size) : kp_malloc((size_t)size);
-    if (!p) return PyErr_NoMemory();
+    if (!p) return kpy_no_memory("kpool.malloc", (size_t)size);
     kpy_state *st = state_of_module(module);
-    PyObject *b = kpy_block_new(st->Block_type, p, size, KPY_HEAP, NULL, 0);
+    PyObject *b = kpy_block_new(st->Block_type, p, size, KPY_HEAP, NULL, 0, &st->heap_spare);
     if (!b) kp_free_sized(p, (size_t)size);
     return b;
 }
@@ -223,7 +237,7 @@ static PyObject *class_dict(const kp_class_stats *c) {
 /* kpool.stats() as a dict (new reference) or NULL. */
 static PyObject *stats_dict(void) {
     kp_stats *st = PyMem_Calloc(1, sizeof(kp_stats));
-    if (!st) return PyErr_NoMemory();
+    if (!st) return kpy_no_memory("kpool.stats", sizeof(kp_stats));
     st->struct_size = sizeof(kp_stats);
     PyObject *d = NULL, *classes = NULL;
     if (kp_stats_get(st) < 0) {
@@ -605,6 +619,7 @@ static int module_clear(PyObject *m) {
     Py_CLEAR(st->Error);
     Py_CLEAR(st->PoolExhausted);
     Py_CLEAR(st->CorruptionError);
+    kpy_spare_clear(&st->heap_spare);
     return 0;
 }
 
