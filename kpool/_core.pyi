@@ -4,7 +4,7 @@ Everything here is re-exported by the package: use ``import kpool``.
 """
 
 from types import TracebackType
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, Type, Union, overload
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Protocol, Tuple, Type, Union, overload
 
 __version__: str
 HAVE_STRESS: int
@@ -162,6 +162,9 @@ def trim() -> int:
 def thread_flush() -> None:
     """Give this thread's cached free blocks back to the shared lists."""
 
+class _Cancel(Protocol):
+    def is_set(self) -> bool: ...
+
 def stress(
     workload: str = "mixed",
     *,
@@ -172,5 +175,19 @@ def stress(
     verify: bool = True,
     size: int = 0,
     burst_bytes: int = 0,
+    duration: Optional[float] = None,
+    cancel: Optional[_Cancel] = None,
 ) -> Dict[str, Any]:
-    """Run the C stress driver (GIL released); CorruptionError on damage."""
+    """Run the C stress driver (GIL released); CorruptionError on damage.
+
+    workload: pairs mixed random larson prodcons burst frag; threads: 1..1024;
+    ops: operations over all threads; allocator: kpool kpool-pool system null;
+    seed: RNG seed; verify: stamp and check every block; size: pairs' block
+    size (0 = 32); burst_bytes: burst's total (0 = 1 GiB); duration: stop
+    after that many seconds (None: no limit); cancel: an Event-like object
+    whose is_set() stops the run. A run stopped early returns its result with
+    stopped=True and stop_reason 'duration' or 'cancel'; Ctrl-C in the main
+    thread raises KeyboardInterrupt."""
+
+def stress_cancel() -> int:
+    """Stop every stress() run in progress (any thread); how many there were."""

@@ -87,6 +87,25 @@ def test_stress_executable_found():
     assert rec["corrupt"] == 0 and rec["verify"] is True and rec["allocator"] == "kpool"
 
 
+def test_stress_executable_duration_flag():
+    """kpool-stress --duration S stops each measurement after S seconds and
+    says so in its JSON (issue 15)."""
+    import time
+
+    exe = bench.find_stress()
+    t0 = time.monotonic()
+    out = subprocess.run([str(exe), "--workload", "mixed", "--threads", "2", "--ops", str(10**9),
+                          "--duration", "0.3"], capture_output=True, text=True, timeout=120)
+    assert time.monotonic() - t0 < 20
+    assert out.returncode == 0, out.stderr
+    rec = json.loads(out.stdout)
+    assert rec["stopped"] is True and rec["stop_reason"] == "duration"
+    assert 0 < rec["ops"] < rec["ops_requested"] == 10**9
+    assert rec["duration"] == pytest.approx(0.3)
+    for bad in ("0", "-1", "x", "1e20", "nan"):
+        assert subprocess.run([str(exe), "--duration", bad], capture_output=True).returncode == 2, bad
+
+
 def test_tiny_run_records(tiny, avail):
     recs = tiny.records
     assert tiny.rows is recs
