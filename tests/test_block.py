@@ -405,3 +405,24 @@ def test_pool_dies_with_its_spare_wrapper(no_leak):
         cycle()
     gc.collect()
     assert sys.getallocatedblocks() - before < 100
+
+
+@pytest.mark.parametrize("kind", ["pool", "heap"])
+def test_a_dead_wrappers_memory_is_kept_for_the_next_block(kind):
+    """Issue 15 item 6: acquire()/malloc() reuse the object memory of a Block
+    that died after release instead of allocating a new object. Python
+    objects of every small size made in between cannot take that memory (it
+    is not back in Python's allocator), so the next Block lands on it."""
+    pool = kpool.BufferPool(64)
+    new = pool.acquire if kind == "pool" else (lambda: kpool.malloc(64))
+    for _ in range(20):
+        b = new()
+        where = id(b)
+        b.release()
+        del b
+        junk = [bytes(k) for k in range(1, 160)] + [object() for _ in range(50)]
+        b = new()
+        assert id(b) == where
+        b.release()
+        del b, junk
+    assert pool.in_use == 0

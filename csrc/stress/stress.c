@@ -17,7 +17,7 @@
  * Synchronisation: C11 atomics only. run->go (release/acquire) starts the
  * workers; run->stop (the first stop reason, set by compare-and-swap), the
  * process-wide cancel epoch and the run's deadline are polled (relaxed)
- * every KPS_STOP_EVERY ops and in every wait; phases
+ * every KPS_STOP_EVERY ops and while a producer waits; phases
  * meet at a spinning barrier (acq_rel counter + release generation); blocks
  * move between threads only through single-producer single-consumer rings
  * whose slots are published by a release store of the tail and recycled by a

@@ -14,8 +14,10 @@
  * ("stopped", "stop_reason") and counts the ops actually done.
  *
  * Workers look at the stop request, the cancel epoch and the deadline every
- * KPS_STOP_EVERY (4096) operations and while they wait for each other, so a
- * run stops within microseconds of a request.
+ * KPS_STOP_EVERY (4096) operations, while a producer waits for room in a
+ * full ring, and during burst's 1 s pause, so a run stops within a
+ * fraction of a millisecond of a request (the threads that wait for others,
+ * consumers and barriers, follow them).
  */
 #ifndef KPOOL_STRESS_H
 #define KPOOL_STRESS_H
