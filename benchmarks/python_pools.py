@@ -2,67 +2,72 @@
 
 Measures, in one process, interleaved round by round (the order rotates each
 round), several rounds:
-  - BufferPool.acquire() + release() against bytearray(n), numpy.empty(n,
-    uint8) and kpool.malloc(n) + release(), for n = 64, 4096, 65536, 1 MiB;
+  - BufferPool.acquire() + release() and kpool.malloc(n) + release() against
+    bytearray(n), numpy.empty(n, uint8) and, where pyarrow is installed,
+    pyarrow.allocate_buffer(n), for n = 64, 4096, 65536, 1 MiB;
   - ObjectPool.get() + put() against calling the factory;
   - the cost of calling a no-op C method from Python (list.clear on an empty
-    list), the floor under any of these.
+    list), the floor under any of these, and of the empty timing loop.
+Each case is a statement timed by timeit (compiled into the timing loop, no
+Python function call around it), so the figure is the operation's own cost
+plus one loop step (the "empty loop" row).
 Prints a markdown table: ns per operation (median and range over rounds)
 and each one's ratio to bytearray(n) (or to the factory) in the same round.
 
-    python benchmarks/python_pools.py [--rounds 7] [--seconds 0.2] [--json out.json]
+    python benchmarks/python_pools.py [--rounds 7] [--seconds 0.2] [--json out.json] [--out table.txt]
 """
 import argparse
+import datetime
 import json
+import os
 import platform
 import statistics
 import sys
-import time
+import timeit
 
 import kpool
 
 try:
     import numpy
-except ImportError:  # numpy is optional: its column is skipped
+except ImportError:  # numpy is optional: its row is skipped
     numpy = None
+try:
+    import pyarrow
+except ImportError:  # pyarrow is optional: its row is skipped
+    pyarrow = None
 
 SIZES = [64, 4096, 65536, 1 << 20]
 
 
 def make_cases(n, pool):
-    """name -> zero-argument callable doing one operation of size n."""
-    def pool_cycle():
-        b = pool.acquire()
-        b.release()
-
-    def kpool_malloc():
-        kpool.malloc(n).release()
-
+    """name -> (statement, namespace) doing one operation of size n."""
+    ns = {"n": n, "pool": pool, "malloc": kpool.malloc, "noop": [].clear}
     cases = {
-        "bytearray(n)": lambda: bytearray(n),
-        "BufferPool acquire+release": pool_cycle,
-        "kpool.malloc(n)+release": kpool_malloc,
+        "bytearray(n)": "bytearray(n)",
+        "BufferPool acquire+release": "b = pool.acquire(); b.release()",
+        "kpool.malloc(n)+release": "malloc(n).release()",
     }
     if numpy is not None:
-        cases["numpy.empty(n, uint8)"] = lambda: numpy.empty(n, numpy.uint8)
-    return cases
+        ns.update(empty=numpy.empty, uint8=numpy.uint8)
+        cases["numpy.empty(n, uint8)"] = "empty(n, uint8)"
+    if pyarrow is not None:
+        ns["allocate_buffer"] = pyarrow.allocate_buffer
+        cases["pyarrow.allocate_buffer(n)"] = "allocate_buffer(n)"
+    cases["no-op C method"] = "noop()"
+    cases["empty loop"] = "pass"
+    return {name: (stmt, ns) for name, stmt in cases.items()}
 
 
-def time_one(fn, seconds):
-    """ns per call of fn, measured over about `seconds`."""
+def time_one(stmt, ns, seconds):
+    """ns per execution of stmt, measured over about `seconds`."""
+    timer = timeit.Timer(stmt, globals=ns)
     loops = 1
     while True:
-        t0 = time.perf_counter_ns()
-        for _ in range(loops):
-            fn()
-        dt = time.perf_counter_ns() - t0
-        if dt > seconds * 1e9 / 4:
+        dt = timer.timeit(loops)
+        if dt > seconds / 4:
             break
         loops *= 4
-    t0 = time.perf_counter_ns()
-    for _ in range(loops):
-        fn()
-    return (time.perf_counter_ns() - t0) / loops
+    return timer.timeit(loops) / loops * 1e9
 
 
 def run_group(cases, baseline, rounds, seconds):
@@ -71,7 +76,7 @@ def run_group(cases, baseline, rounds, seconds):
     ratios = {name: [] for name in names}
     for r in range(rounds):
         order = names[r % len(names):] + names[:r % len(names)]
-        got = {name: time_one(cases[name], seconds) for name in order}
+        got = {name: time_one(*cases[name], seconds) for name in order}
         for name in names:
             per[name].append(got[name])
             ratios[name].append(got[baseline] / got[name])
@@ -96,14 +101,14 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--seconds", type=float, default=0.2, help="time per case per round")
     ap.add_argument("--json", help="also write the rows to this file")
+    ap.add_argument("--out", help="also write the printed table to this file "
+                                  "(e.g. benchmarks/runs/python_pools-DATE.txt)")
     args = ap.parse_args(argv)
 
     rows = []
-    noop = [].clear
     for n in SIZES:
         with kpool.BufferPool(n) as pool:
             cases = make_cases(n, pool)
-            cases["no-op C method"] = noop
             per, ratios = run_group(cases, "bytearray(n)", args.rounds, args.seconds)
             rows += summarize(f"n = {n}", per, ratios, "bytearray(n)")
 
@@ -111,23 +116,30 @@ def main(argv=None):
         return {"buffer": bytearray(256), "state": 0}
 
     opool = kpool.ObjectPool(factory, reset=None)
-
-    def get_put():
-        opool.put(opool.get())
-
-    cases = {"factory()": factory, "ObjectPool get+put": get_put, "no-op C method": noop}
+    ns = {"factory": factory, "opool": opool, "noop": [].clear}
+    cases = {"factory()": ("factory()", ns), "ObjectPool get+put": ("opool.put(opool.get())", ns),
+             "no-op C method": ("noop()", ns)}
     per, ratios = run_group(cases, "factory()", args.rounds, args.seconds)
     rows += summarize("objects", per, ratios, "factory()")
 
-    print(f"Python {platform.python_version()}, kpool {kpool.__version__}, {args.rounds} rounds, "
-          f"interleaved; ns per operation, median [min-max]; speedup = baseline time / this time, same round")
-    print()
-    print("| group | case | ns/op | speedup vs baseline |")
-    print("|---|---|---|---|")
+    lines = [f"Python {platform.python_version()}, kpool {kpool.__version__}, numpy "
+             f"{numpy.__version__ if numpy else '-'}, pyarrow {pyarrow.__version__ if pyarrow else '-'}; "
+             f"{args.rounds} rounds of {args.seconds} s per case, interleaved; {os.cpu_count()} cpus; "
+             f"{datetime.date.today().isoformat()}",
+             "ns per operation (timeit statement, loop step included), median [min-max]; "
+             "speedup = baseline time / this time, same round",
+             "",
+             "| group | case | ns/op | speedup vs baseline |",
+             "|---|---|---|---|"]
     for row in rows:
         key = [k for k in row if k.startswith("speedup_vs_")][0]
-        print(f"| {row['group']} | {row['case']} | {row['median_ns']:.0f} [{row['min_ns']:.0f}-{row['max_ns']:.0f}] | "
-              f"{row[key]:.2f}x [{row['speedup_min']:.2f}-{row['speedup_max']:.2f}] vs {key[len('speedup_vs_'):]} |")
+        lines.append(f"| {row['group']} | {row['case']} | {row['median_ns']:.0f} [{row['min_ns']:.0f}-{row['max_ns']:.0f}] | "
+                     f"{row[key]:.2f}x [{row['speedup_min']:.2f}-{row['speedup_max']:.2f}] vs {key[len('speedup_vs_'):]} |")
+    text = "\n".join(lines) + "\n"
+    sys.stdout.write(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(" ".join(["python"] + sys.argv) + "\n\n" + text)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"python": platform.python_version(), "kpool": kpool.__version__,

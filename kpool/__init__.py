@@ -87,6 +87,7 @@ from ._core import (  # noqa: F401  (re-exported API)
     stats,
     stats_reset,
     stress,
+    stress_cancel,
     thread_flush,
     trim,
 )
@@ -115,10 +116,41 @@ __all__ = [
     "trim",
     "thread_flush",
     "stress",
+    "stress_cancel",
     "Error",
     "PoolExhausted",
     "CorruptionError",
 ]
+
+
+def _cancel_stress_runs_at_exit():
+    """Stop the kpool.stress() runs still going when the interpreter exits.
+
+    A run in a worker thread releases the GIL and runs until its ops are
+    done; without this, the interpreter's join of that (non-daemon) thread
+    at exit would wait for it, after Ctrl-C too. Registered with threading's
+    exit hooks, which run before the threads are joined (atexit's run after).
+    The runs themselves also notice the shutdown (for a ThreadPoolExecutor
+    whose own hook, registered later, joins its workers first).
+    """
+    try:
+        _core_module.stress_cancel()
+    except Exception:  # pragma: no cover - never fails; the process is exiting anyway
+        pass
+
+
+def _register_exit_hook():
+    import threading
+
+    try:
+        threading._register_atexit(_cancel_stress_runs_at_exit)
+    except (AttributeError, RuntimeError):  # no such hook (other Pythons), or already shutting down
+        import atexit
+
+        atexit.register(_cancel_stress_runs_at_exit)
+
+
+_register_exit_hook()
 
 
 def get_include():

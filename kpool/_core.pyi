@@ -4,7 +4,7 @@ Everything here is re-exported by the package: use ``import kpool``.
 """
 
 from types import TracebackType
-from typing import Any, Dict, List, Optional, Tuple, Type, Union
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Protocol, Tuple, Type, Union, overload
 
 __version__: str
 HAVE_STRESS: int
@@ -28,9 +28,13 @@ class Block:
     """A writable buffer of exactly `size` bytes of kpool memory.
 
     Made by kpool.malloc(), BufferPool.acquire() and Arena.alloc(); supports
-    the buffer protocol, release() and the context-manager protocol. Any use
-    after release raises ValueError; release while a view is alive raises
-    BufferError. A Block that is garbage-collected is released.
+    the buffer protocol (bytes(b), memoryview), len(b), indexing like a
+    bytearray of fixed size (b[i] -> int, b[i:j] / b[i:j:k] -> bytes; item and
+    equal-length slice assignment; a size change raises ValueError), weak
+    references, release() and the context-manager protocol; heap Blocks can
+    be resize()d. Any use after release raises ValueError; release or resize
+    while a view is alive raises BufferError. A Block that is
+    garbage-collected is released.
     """
 
     @property
@@ -50,7 +54,20 @@ class Block:
         """'heap', 'pool' or 'arena'."""
     def release(self) -> None:
         """Give the memory back; idempotent; BufferError while a view is alive."""
+    def resize(self, size: int, /) -> None:
+        """Heap Blocks only (TypeError otherwise): change the size, keeping the
+        first min(old, new) bytes; BufferError while a view is alive,
+        MemoryError (Block unchanged) when out of memory."""
     def __len__(self) -> int: ...
+    @overload
+    def __getitem__(self, key: int, /) -> int: ...
+    @overload
+    def __getitem__(self, key: slice, /) -> bytes: ...
+    @overload
+    def __setitem__(self, key: int, value: int, /) -> None: ...
+    @overload
+    def __setitem__(self, key: slice, value: Union[bytes, bytearray, memoryview, Iterable[int]], /) -> None: ...
+    def __iter__(self) -> Iterator[int]: ...
     def __buffer__(self, flags: int) -> memoryview: ...
     def __enter__(self) -> "Block": ...
     def __exit__(
@@ -152,6 +169,9 @@ def trim() -> int:
 def thread_flush() -> None:
     """Give this thread's cached free blocks back to the shared lists."""
 
+class _Cancel(Protocol):
+    def is_set(self) -> bool: ...
+
 def stress(
     workload: str = "mixed",
     *,
@@ -160,11 +180,24 @@ def stress(
     allocator: str = "kpool",
     seed: int = 1,
     verify: bool = True,
-    size: int = 32,
-    burst_bytes: int = 1073741824,
+    size: int = 0,
+    burst_bytes: int = 0,
+    duration: Optional[float] = None,
+    cancel: Optional[_Cancel] = None,
 ) -> Dict[str, Any]:
     """Run the C stress driver (GIL released); CorruptionError on damage.
 
+    workload: pairs mixed random larson prodcons burst frag; threads: 1..1024;
+    ops: operations over all threads; allocator: kpool kpool-pool system null;
+    seed: RNG seed; verify: stamp and check every block; size: pairs' block
+    size (0 = 32); burst_bytes: burst's total (0 = 1 GiB); duration: stop
+    after that many seconds (None: no limit); cancel: an Event-like object
+    whose is_set() stops the run. A run stopped early returns its result with
+    stopped=True and stop_reason 'duration' or 'cancel'; Ctrl-C in the main
+    thread raises KeyboardInterrupt.
+
     Defaults differ from the kpool-stress executable's (1 thread, verify
-    off): this function checks by default; size is the block size of
-    pairs, burst_bytes the total that burst allocates."""
+    off): this function checks by default."""
+
+def stress_cancel() -> int:
+    """Stop every stress() run in progress (any thread); how many there were."""

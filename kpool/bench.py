@@ -44,7 +44,7 @@ __all__ = [
     "WORKLOADS", "MAIN_WORKLOADS", "MEMORY_WORKLOADS", "ALLOCATORS", "DEFAULT_OPS",
     "Workload", "Allocator", "Result", "workloads", "allocators", "run", "load",
     "compare", "machine_info", "find_stress", "main", "PALETTE", "color_of", "saved_runs", "newest_run",
-    "comparable_runs",
+    "comparable_runs", "BenchInterrupted",
 ]
 
 # ---------------------------------------------------------------------------
@@ -689,9 +689,18 @@ class Result:
         import pandas as pd
         return pd.DataFrame(self.to_numpy())
 
+    @property
+    def partial(self):
+        """True if the run was interrupted (Ctrl-C) before every measurement was made."""
+        return bool(self.meta.get("partial"))
+
     # -- files --------------------------------------------------------------
     def to_dict(self):
-        return {"format": "kpool-bench", "version": 1, "meta": self.meta, "records": self.records}
+        d = {"format": "kpool-bench", "version": 1}
+        if self.partial:
+            d["partial"] = True
+        d.update(meta=self.meta, records=self.records)
+        return d
 
     def save(self, path):
         """Write the run as JSON (machine, libraries, command line, every measurement)."""
@@ -812,7 +821,10 @@ def load(path):
         return Result(data, {})
     if not isinstance(data, dict) or data.get("format") not in (None, "kpool-bench") or "records" not in data:
         raise ValueError(f"{path}: not a kpool bench run")
-    res = Result(data.get("records", []), data.get("meta", {}))
+    meta = data.get("meta", {})
+    if data.get("partial"):
+        meta = dict(meta, partial=True)
+    res = Result(data.get("records", []), meta)
     res.path = Path(path)
     return res
 
@@ -965,6 +977,16 @@ def _measure(exe, alloc, workload, threads, ops, seed, verify, size, burst_bytes
     return rec
 
 
+class BenchInterrupted(KeyboardInterrupt):
+    """Ctrl-C during run(): .result holds the measurements made until then
+    (a Result with partial=True; meta says how many of how many)."""
+
+    def __init__(self, result):
+        super().__init__("kpool bench interrupted: %d of %d measurements made" % (
+            result.meta.get("measured", len(result)), result.meta.get("planned", len(result))))
+        self.result = result
+
+
 def run(workloads=None, allocators=None, threads=None, ops=None, repeat=None, *, rounds=None, seed=1,
         verify=False, size=32, burst_bytes=None, memory_rounds=None, timeout=300.0, progress=False,
         stress=None, command=None):
@@ -982,6 +1004,9 @@ def run(workloads=None, allocators=None, threads=None, ops=None, repeat=None, *,
     burst_bytes total bytes for burst (default 1 GiB)
     progress    show progress on stderr (tqdm if installed)
     stress      path of kpool-stress (default find_stress())
+
+    Ctrl-C raises BenchInterrupted (a KeyboardInterrupt) whose .result has
+    the measurements already made, marked partial.
     """
     exe = Path(stress) if stress else find_stress()
     if exe is None or not Path(exe).is_file():
@@ -1051,6 +1076,7 @@ def run(workloads=None, allocators=None, threads=None, ops=None, repeat=None, *,
     records = []
     bar = _Progress(len(plan), bool(progress))
     t0 = time.monotonic()
+    interrupted = False
     try:
         for rnd, pos, w, t, a in plan:
             bar.step(f"{w} t={t} {a.name} r{rnd + 1}")
@@ -1059,12 +1085,33 @@ def run(workloads=None, allocators=None, threads=None, ops=None, repeat=None, *,
             rec["order"] = pos
             rec["library"] = a.library
             records.append(rec)
+    except KeyboardInterrupt:
+        # Ctrl-C at a terminal reaches kpool-stress too: a measurement it cut
+        # short ("stopped") is not a measurement
+        interrupted = True
+        records = [r for r in records if not r.get("stopped")]
     finally:
         bar.close()
     meta["elapsed_seconds"] = round(time.monotonic() - t0, 2)
     if not meta["machine"].get("kpool"):
         meta["machine"]["kpool"] = next((r["kpool_version"] for r in records if r.get("kpool_version")), None)
+    if interrupted:
+        meta.update(partial=True, measured=len(records), planned=len(plan),
+                    rounds_completed=_rounds_completed(plan, records))
+        raise BenchInterrupted(Result(records, meta))
     return Result(records, meta)
+
+
+def _rounds_completed(plan, records):
+    """How many rounds of the plan have every one of their measurements in records."""
+    done = {(r.get("round"), r.get("workload"), r.get("threads"), r.get("allocator")) for r in records}
+    complete = 0
+    for rnd in sorted({p[0] for p in plan}):
+        if all((p[0], p[2], p[3], p[4].name) in done for p in plan if p[0] == rnd):
+            complete += 1
+        else:
+            break
+    return complete
 
 
 # ---------------------------------------------------------------------------
@@ -1137,6 +1184,12 @@ def main(argv=None):
                       progress=not a.no_progress,
                       command=shlex.join(["python", "-m", "kpool", "bench"] + list(argv if argv is not None
                                                                                     else sys.argv[1:])))
+        except BenchInterrupted as e:
+            # Ctrl-C: keep what was measured, show it, save it marked partial, exit 130
+            res = e.result
+            print(f"kpool bench: interrupted: {res.meta['measured']} of {res.meta['planned']} measurements made "
+                  f"({res.meta['rounds_completed']} complete rounds); showing and saving those, marked partial",
+                  file=sys.stderr)
         except (ValueError, FileNotFoundError) as e:
             print(f"kpool bench: {e}", file=sys.stderr)
             return 2
@@ -1149,6 +1202,9 @@ def main(argv=None):
         print("peers: " + "; ".join(peers))
     if res.meta.get("command"):
         print(f"command: {res.meta['command']}")
+    if res.partial:
+        print(f"PARTIAL: interrupted after {res.meta.get('measured')} of {res.meta.get('planned')} measurements "
+              f"({res.meta.get('rounds_completed')} complete rounds)")
     print()
     print(res.table())
     targets = res.targets_table()
@@ -1176,6 +1232,8 @@ def main(argv=None):
         print()
         print(compare(old_run, res))
     bad = [r for r in res.records if r.get("corrupt")]
+    if res.partial and not a.load:
+        return 130   # as a shell reports a program ended by SIGINT
     return 3 if bad else status
 
 

@@ -89,6 +89,25 @@ def test_stress_executable_found():
     assert rec["corrupt"] == 0 and rec["verify"] is True and rec["allocator"] == "kpool"
 
 
+def test_stress_executable_duration_flag():
+    """kpool-stress --duration S stops each measurement after S seconds and
+    says so in its JSON (issue 15)."""
+    import time
+
+    exe = bench.find_stress()
+    t0 = time.monotonic()
+    out = subprocess.run([str(exe), "--workload", "mixed", "--threads", "2", "--ops", str(10**9),
+                          "--duration", "0.3"], capture_output=True, text=True, timeout=120)
+    assert time.monotonic() - t0 < 20
+    assert out.returncode == 0, out.stderr
+    rec = json.loads(out.stdout)
+    assert rec["stopped"] is True and rec["stop_reason"] == "duration"
+    assert 0 < rec["ops"] < rec["ops_requested"] == 10**9
+    assert rec["duration"] == pytest.approx(0.3)
+    for bad in ("0", "-1", "x", "1e20", "nan"):
+        assert subprocess.run([str(exe), "--duration", bad], capture_output=True).returncode == 2, bad
+
+
 def test_tiny_run_records(tiny, avail):
     recs = tiny.records
     assert tiny.rows is recs
@@ -327,3 +346,82 @@ def test_import_needs_only_stdlib():
             "print(bad); sys.exit(1 if bad else 0)")
     out = subprocess.run([sys.executable, "-c", code, bench.__file__], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_cli_ctrl_c_saves_the_rounds_measured(tmp_path):
+    """Issue 15: Ctrl-C during `python -m kpool bench --save F` after the
+    first round saves what was measured, marked partial, prints the table so
+    far (no traceback) and exits 130."""
+    import re
+    import signal
+    import threading
+    import time
+
+    save = tmp_path / "partial.json"
+    proc = subprocess.Popen([sys.executable, "-m", "kpool", "bench", "--workloads", "pairs", "--allocators",
+                             "system,kpool", "--threads", "1", "--ops", "2000", "--rounds", "100000",
+                             "--save", str(save)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=os.path.dirname(os.path.abspath(kpool.__file__)) + "/..")
+    chunks = []
+
+    def read_progress():
+        while True:
+            c = proc.stderr.read(1)
+            if not c:
+                return
+            chunks.append(c)
+
+    reader = threading.Thread(target=read_progress, daemon=True)
+    reader.start()
+    # the progress line names each measurement's round as it starts: once
+    # round 2 (or later) shows, round 1 is complete
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not re.search(r" r([2-9]|\d\d+)\b", "".join(chunks)):
+        time.sleep(0.05)
+    assert re.search(r" r([2-9]|\d\d+)\b", "".join(chunks)), "".join(chunks)[-2000:]
+    proc.send_signal(signal.SIGINT)
+    killer = threading.Timer(60, proc.kill)    # a hang fails the test instead of blocking it
+    killer.start()
+    out = proc.stdout.read()                   # stderr belongs to the reader thread
+    proc.wait()
+    killer.cancel()
+    reader.join(10)
+    stderr = "".join(chunks)
+    assert proc.returncode == 130, (proc.returncode, stderr[-2000:])
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert "interrupted" in stderr
+    assert "PARTIAL" in out and "| pairs | 1 | kpool |" in out, out
+    assert f"saved: {save}" in out
+    data = json.loads(save.read_text())
+    assert data["partial"] is True
+    assert data["meta"]["rounds_completed"] >= 1
+    assert data["meta"]["measured"] == len(data["records"]) >= 2
+    assert data["meta"]["planned"] == 200000
+    assert {r["allocator"] for r in data["records"]} == {"system", "kpool"}
+    assert all(r["error"] is None and not r.get("stopped") for r in data["records"])
+    res = bench.load(save)
+    assert res.partial and len(res) == data["meta"]["measured"]
+
+
+def test_run_interrupted_raises_with_the_partial_result(monkeypatch):
+    """The API: Ctrl-C inside run() raises BenchInterrupted, a KeyboardInterrupt
+    whose .result holds what was measured before."""
+    calls = []
+    real = bench._measure
+
+    def measure(*args, **kw):
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        calls.append(1)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(bench, "_measure", measure)
+    with pytest.raises(KeyboardInterrupt) as e:
+        bench.run(workloads=["pairs"], allocators=["system", "kpool"], threads=[1], ops=1000, repeat=5)
+    assert isinstance(e.value, bench.BenchInterrupted)
+    res = e.value.result
+    assert res.partial and len(res) == 3
+    assert res.meta["planned"] == 10 and res.meta["rounds_completed"] == 1
+    assert res.to_dict()["partial"] is True
+    assert "| pairs | 1 | kpool |" in res.table()

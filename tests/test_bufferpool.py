@@ -404,6 +404,72 @@ def test_prealloc():
     del bs
 
 
+def test_prealloc_hands_out_the_carved_buffers_in_order():
+    pool = kpool.BufferPool(256, prealloc=1000)
+    assert pool.idle == 1000
+    bs = [pool.acquire() for _ in range(1000)]
+    s = pool.stats()
+    assert s["misses"] == 0 and s["hits"] == 1000
+    addrs = [b.address for b in bs]
+    assert len(set(addrs)) == 1000
+    assert sum(b > a for a, b in zip(addrs, addrs[1:])) > 900   # carve order, mostly ascending
+    del bs
+
+
+def test_prealloc_beyond_physical_memory_fails_up_front():
+    """Issue 15: BufferPool(64, prealloc=10**9) on a smaller machine must not
+    map memory until it runs out: MemoryError at once, naming the size."""
+    proc = run_python(
+        """
+        import os, resource, time, kpool
+        backing = os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE')
+        for line in open('/proc/meminfo'):
+            if line.startswith('SwapTotal:'):
+                backing += int(line.split()[1]) * 1024
+        n = backing // 64 * 2
+        rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        t0 = time.monotonic()
+        for size, count in ((64, n), (64, 10**9 if 10**9 * 64 > backing else n), (1 << 20, backing // (1 << 20) + 1)):
+            try:
+                kpool.BufferPool(size, prealloc=count)
+            except MemoryError as e:
+                assert str(count) in str(e) and 'bytes' in str(e), str(e)
+            else:
+                raise SystemExit('prealloc of %d x %d bytes did not fail' % (count, size))
+        dt = time.monotonic() - t0
+        grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0
+        print('fast', dt < 2.0, 'rss_kb', grown < 65536, dt, grown)
+        assert kpool.BufferPool(64, prealloc=1000).idle == 1000
+        """, timeout=120)
+    assert proc.stdout.split()[:4] == ["fast", "True", "rss_kb", "True"], proc.stdout
+
+
+def test_ctrl_c_interrupts_a_long_prealloc():
+    """A prealloc that takes seconds stops at Ctrl-C: KeyboardInterrupt soon
+    after the signal, and what was carved is given back."""
+    proc = run_python(
+        """
+        import os, signal, threading, time, kpool
+        backing = os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE')
+        n = min(10**8, backing // 64 // 3)        # seconds of carving, within the machine
+        before = kpool.stats()['bytes_pools']
+        sent = []
+        def interrupt():
+            sent.append(time.monotonic())
+            os.kill(os.getpid(), signal.SIGINT)
+        threading.Timer(0.3, interrupt).start()
+        try:
+            kpool.BufferPool(64, prealloc=n)
+        except KeyboardInterrupt:
+            print('interrupted', time.monotonic() - sent[0] < 3.0)
+        else:
+            print('completed')
+        print('given back', kpool.stats()['bytes_pools'] <= before)
+        assert kpool.BufferPool(64, prealloc=1000).idle == 1000
+        """, timeout=120)
+    assert proc.stdout.split("\n")[:2] == ["interrupted True", "given back True"], proc.stdout
+
+
 def test_stats_keys_and_consistency():
     pool = kpool.BufferPool(100, capacity=10)
     bs = [pool.acquire() for _ in range(6)]
@@ -564,7 +630,7 @@ def test_positional_only_buffer_size():
 
 
 def test_huge_prealloc_is_memory_error():
-    with pytest.raises(MemoryError):
+    with pytest.raises(MemoryError, match="1099511627776 buffers"):
         kpool.BufferPool(1 << 20, prealloc=1 << 40)
 
 

@@ -10,8 +10,8 @@ from conftest import kpool, run_python
 
 API = [
     "__version__", "get_include", "get_library", "malloc", "Block", "BufferPool", "ObjectPool", "Arena",
-    "stats", "stats_array", "stats_reset", "trim", "thread_flush", "stress", "Error", "PoolExhausted",
-    "CorruptionError",
+    "stats", "stats_array", "stats_reset", "trim", "thread_flush", "stress", "stress_cancel", "Error",
+    "PoolExhausted", "CorruptionError",
 ]
 
 
@@ -187,6 +187,53 @@ def test_stub_file_and_py_typed_are_installed():
     compile(text, stub, "exec")
 
 
+def _stub_functions():
+    """name -> ast.FunctionDef of the module-level functions in _core.pyi."""
+    import ast
+
+    with open(os.path.join(os.path.dirname(kpool.__file__), "_core.pyi")) as f:
+        tree = ast.parse(f.read())
+    return {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+
+
+@pytest.mark.parametrize("name", ["malloc", "stress", "stress_cancel", "stats", "trim"])
+def test_stub_signatures_match_the_docstrings(name):
+    """Every keyword in the C docstring's signature (what help() and
+    inspect show) is in the stub, in the same order, with the same kind and
+    default, and the other way round (issue 15: stress's size, burst_bytes)."""
+    import ast
+    import inspect
+
+    sig = inspect.signature(getattr(kpool, name))
+    fn = _stub_functions()[name]
+    a = fn.args
+    stub = [(p.arg, inspect.Parameter.POSITIONAL_ONLY) for p in a.posonlyargs]
+    stub += [(p.arg, inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in a.args]
+    stub += [(p.arg, inspect.Parameter.KEYWORD_ONLY) for p in a.kwonlyargs]
+    got = [(p.name, p.kind) for p in sig.parameters.values()]
+    assert [n for n, _ in got] == [n for n, _ in stub]
+    # the stub marks positional-only with "/" only where the C side does; compare keyword-ness
+    assert [k == inspect.Parameter.KEYWORD_ONLY for _, k in got] == [k == inspect.Parameter.KEYWORD_ONLY for _, k in stub]
+    defaults = dict(zip([p.arg for p in a.args][len(a.args) - len(a.defaults):], a.defaults))
+    defaults.update({p.arg: d for p, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None})
+    for p in sig.parameters.values():
+        if p.default is not inspect.Parameter.empty:
+            assert p.name in defaults, p.name
+            assert ast.literal_eval(defaults[p.name]) == p.default, p.name
+
+
+def test_stress_accepts_every_documented_keyword():
+    import inspect
+
+    if not kpool._core.HAVE_STRESS:
+        pytest.skip("no stress driver in this build")
+    kw = {"threads": 1, "ops": 1000, "allocator": "kpool", "seed": 3, "verify": True, "size": 48,
+          "burst_bytes": 1 << 20, "duration": 30.0, "cancel": None}
+    assert set(kw) | {"workload"} == set(inspect.signature(kpool.stress).parameters)
+    r = kpool.stress("pairs", **kw)
+    assert r["size"] == 48 and r["seed"] == 3 and r["duration"] == 30.0
+
+
 def test_import_needs_only_the_standard_library():
     """import kpool pulls in no third-party module (numpy, cffi, ...)."""
     proc = run_python(
@@ -256,7 +303,8 @@ def test_docstrings_name_no_missing_files():
         assert "DESIGN.md" not in pydoc.render_doc(mod, renderer=pydoc.plaintext)
 
 
-STRESS_KEYWORDS = ["workload", "threads", "ops", "allocator", "seed", "verify", "size", "burst_bytes"]
+STRESS_KEYWORDS = ["workload", "threads", "ops", "allocator", "seed", "verify", "size", "burst_bytes", "duration",
+                   "cancel"]
 
 
 def test_stress_signature_and_docstring_cover_every_keyword():

@@ -1,6 +1,11 @@
 """kpool.stress(): the Python entry point of the C stress driver (argument
 checking, the result dict, kpool_stats, Ctrl-C). The workload suites
 themselves live in tests/stress/."""
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 from conftest import kpool, run_python
@@ -90,3 +95,153 @@ def test_ctrl_c_stops_the_workers():
 
 def test_corruption_error_is_a_kpool_error():
     assert issubclass(kpool.CorruptionError, kpool.Error)
+
+
+# ---- stopping a run: duration=, cancel=, stress_cancel(), exit, Ctrl-C (issue 15) ------------
+
+LONG = 10**9   # ops no test waits for: each of these runs is stopped early
+
+
+def test_duration_bounds_the_run():
+    t0 = time.monotonic()
+    r = kpool.stress("mixed", threads=2, ops=LONG, duration=0.4)
+    wall = time.monotonic() - t0
+    assert wall < 10, wall
+    assert r["stopped"] is True and r["stop_reason"] == "duration"
+    assert 0 < r["ops"] < r["ops_requested"] == LONG
+    assert r["duration"] == pytest.approx(0.4)
+    assert r["seconds"] < 5 and r["corrupt"] == 0
+
+
+@pytest.mark.parametrize("workload", ["pairs", "random", "larson", "prodcons", "frag"])
+def test_duration_stops_every_workload(workload):
+    ops = 1 << 26 if workload == "frag" else LONG
+    t0 = time.monotonic()
+    r = kpool.stress(workload, threads=2, ops=ops, duration=0.3, verify=False)
+    assert time.monotonic() - t0 < 20
+    assert r["stopped"] and r["stop_reason"] == "duration" and r["ops"] < ops
+
+
+def test_a_run_that_finishes_in_time_is_not_stopped():
+    r = kpool.stress("pairs", threads=1, ops=10000, duration=60)
+    assert r["stopped"] is False and r["stop_reason"] is None and r["ops"] == 10000
+
+
+@pytest.mark.parametrize("bad,exc", [(0, ValueError), (-1, ValueError), (float("nan"), ValueError),
+                                     (1e12, OverflowError), ("1", TypeError), (True, TypeError)])
+def test_bad_durations(bad, exc):
+    with pytest.raises(exc):
+        kpool.stress("pairs", ops=10, duration=bad)
+
+
+def test_bad_cancel_is_type_error():
+    with pytest.raises(TypeError):
+        kpool.stress("pairs", ops=10, cancel=object())
+    with pytest.raises(TypeError):
+        kpool.stress("pairs", ops=10, cancel=True)
+
+
+def test_stress_cancel_from_the_main_thread_stops_a_worker_run():
+    with ThreadPoolExecutor(1) as ex:
+        f = ex.submit(kpool.stress, "mixed", threads=2, ops=LONG)
+        time.sleep(0.3)
+        cancelled, t0 = 0, time.monotonic()
+        while not cancelled and time.monotonic() - t0 < 30:   # until the run has started
+            cancelled = kpool.stress_cancel()
+            time.sleep(0.02)
+        assert cancelled == 1
+        t1 = time.monotonic()
+        r = f.result(timeout=30)
+        assert time.monotonic() - t1 < 5
+    assert r["stopped"] and r["stop_reason"] == "cancel" and 0 < r["ops"] < LONG
+    assert r["corrupt"] == 0
+    # a later run is not affected by the earlier cancel
+    assert kpool.stress("pairs", threads=1, ops=1000)["stopped"] is False
+
+
+def test_cancel_event_stops_one_run_of_several():
+    ev_a, ev_b = threading.Event(), threading.Event()
+    with ThreadPoolExecutor(2) as ex:
+        fa = ex.submit(kpool.stress, "larson", threads=2, ops=LONG, cancel=ev_a)
+        fb = ex.submit(kpool.stress, "prodcons", threads=2, ops=LONG, cancel=ev_b)
+        time.sleep(0.3)
+        ev_a.set()
+        ra = fa.result(timeout=30)
+        assert ra["stopped"] and ra["stop_reason"] == "cancel"
+        assert not fb.done()                       # the other run goes on
+        ev_b.set()
+        rb = fb.result(timeout=30)
+    assert rb["stopped"] and rb["stop_reason"] == "cancel"
+    assert ra["corrupt"] == 0 and rb["corrupt"] == 0
+
+
+def test_stress_cancel_stops_every_run():
+    with ThreadPoolExecutor(3) as ex:
+        fs = [ex.submit(kpool.stress, w, threads=1, ops=LONG) for w in ("pairs", "mixed", "random")]
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        while not all(f.done() for f in fs) and time.monotonic() - t0 < 30:
+            kpool.stress_cancel()
+            time.sleep(0.05)
+        rs = [f.result(timeout=30) for f in fs]
+    assert all(r["stop_reason"] == "cancel" and r["ops"] < LONG for r in rs)
+
+
+def test_an_event_set_before_the_run_stops_it_at_once():
+    ev = threading.Event()
+    ev.set()
+    t0 = time.monotonic()
+    r = kpool.stress("mixed", threads=2, ops=LONG, cancel=ev)
+    assert time.monotonic() - t0 < 10 and r["stop_reason"] == "cancel"
+
+
+def test_is_set_raising_stops_the_run_and_propagates():
+    class Boom:
+        calls = 0
+
+        def is_set(self):
+            Boom.calls += 1
+            if Boom.calls > 2:
+                raise RuntimeError("boom")
+            return False
+
+    with pytest.raises(RuntimeError, match="boom"):
+        kpool.stress("mixed", threads=2, ops=LONG, cancel=Boom())
+
+
+@pytest.mark.parametrize("how", ["thread", "daemon", "executor", "executor-first"])
+def test_sigint_ends_a_process_whose_worker_thread_runs_stress(how):
+    """The main thread waits for a worker that runs kpool.stress(); SIGINT
+    raises KeyboardInterrupt in main, and the interpreter's exit cancels the
+    run instead of waiting for it: the process ends within seconds."""
+    start = {
+        "thread": "t = threading.Thread(target=kpool.stress, args=('mixed',), kwargs=dict(threads=2, ops=%d))\n"
+                  "t.start()\nwait = t.join" % LONG,
+        "daemon": "t = threading.Thread(target=kpool.stress, args=('mixed',), kwargs=dict(threads=2, ops=%d),"
+                  " daemon=True)\nt.start()\nwait = t.join" % LONG,
+        # ThreadPoolExecutor imported after kpool: its exit hook (which joins
+        # the workers) runs before kpool's
+        "executor": "from concurrent.futures import ThreadPoolExecutor\nex = ThreadPoolExecutor(1)\n"
+                    "wait = ex.submit(kpool.stress, 'mixed', threads=2, ops=%d).result" % LONG,
+        "executor-first": "ex = ThreadPoolExecutor(1)\n"
+                          "wait = ex.submit(kpool.stress, 'mixed', threads=2, ops=%d).result" % LONG,
+    }[how]
+    code = ("import os, signal, sys, threading, time\n"
+            + ("from concurrent.futures import ThreadPoolExecutor\n" if how == "executor-first" else "")
+            + "import kpool\n" + start + "\n"
+            + "time.sleep(0.3)\n"
+              "threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()\n"
+              "print('waiting', flush=True)\n"
+              "wait()\n"
+              "print('not interrupted', flush=True)\n")
+    t0 = time.monotonic()
+    proc = run_python(code, timeout=120, expect_rc=None)
+    wall = time.monotonic() - t0
+    assert "waiting" in proc.stdout and "not interrupted" not in proc.stdout, (proc.stdout, proc.stderr)
+    assert "KeyboardInterrupt" in proc.stderr, proc.stderr
+    assert proc.returncode in (-signal.SIGINT, 128 + signal.SIGINT), (proc.returncode, proc.stderr)
+    assert wall < 20, wall
+
+
+def test_stress_cancel_with_nothing_running():
+    assert kpool.stress_cancel() == 0

@@ -46,12 +46,12 @@ static PyObject *arena_alloc(kpy_arena *self, PyObject *const *args, Py_ssize_t 
     arena_unlock(self);
     if (!p) {
         if (err == EINVAL) PyErr_SetString(PyExc_ValueError, "invalid Arena.alloc arguments");
-        else PyErr_NoMemory();
+        else kpy_no_memory("Arena.alloc", (size_t)size);
         return NULL;
     }
     kpy_state *st = kpy_state_of_type(Py_TYPE(self));
     /* on failure the bytes stay in the arena until reset: nothing leaks */
-    return kpy_block_new(st->Block_type, p, size, KPY_ARENA, (PyObject *)self, gen);
+    return kpy_block_new(st->Block_type, p, size, KPY_ARENA, (PyObject *)self, gen, NULL);
 }
 
 /* Reset: 0 on success, -1 with BufferError while a view is alive. */
@@ -113,12 +113,12 @@ static PyObject *arena_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
         return NULL;
     }
     PyThread_type_lock lock = PyThread_allocate_lock();
-    if (!lock) return PyErr_NoMemory();
+    if (!lock) return kpy_no_memory("Arena: a lock", sizeof(PyThread_type_lock));
     kp_arena *a = kp_arena_create((size_t)chunk);
     if (!a) {
         PyThread_free_lock(lock);
         if (errno == EINVAL) PyErr_SetString(PyExc_ValueError, "invalid chunk_size");
-        else PyErr_NoMemory();
+        else PyErr_Format(PyExc_MemoryError, "Arena(chunk_size=%zd): cannot allocate the arena's own record", chunk);
         return NULL;
     }
     kpy_arena *self = (kpy_arena *)type->tp_alloc(type, 0);

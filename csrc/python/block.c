@@ -3,19 +3,34 @@
  * A Block is made by kpool.malloc (kind heap), BufferPool.acquire (kind
  * pool) or Arena.alloc (kind arena) and never from Python directly. It
  * exposes its memory through the buffer protocol (memoryview, numpy,
- * readinto, recv_into) and gives it back on release(), on __exit__, or when
- * it is collected: heap blocks with kp_free_sized, pool blocks to their
- * BufferPool, arena blocks to nobody (the arena frees them all at reset).
+ * readinto, recv_into) and through indexing, like a bytearray whose size
+ * never changes by assignment (heap blocks change it with resize(), through
+ * kp_realloc), and gives it back on release(), on __exit__, or when it is
+ * collected: heap blocks with kp_free_sized, pool blocks to their
+ * BufferPool, arena blocks to nobody (the arena frees them all at reset). A
+ * dead Block's object memory may be kept as a spare wrapper (kpy.h).
  *
  * Invariants: exports == number of live Py_buffer views; release refuses
  * (BufferError) while exports > 0, so memory is never freed under a view;
  * released == 1 implies the memory is not ours. An arena Block whose
  * generation differs from its arena's is dead (the arena was reset) and
- * behaves as released.
+ * behaves as released. Every operation checks for a dead block after the
+ * conversions of its arguments (__index__, a value's buffer), which run
+ * Python code that may release it.
  */
 #include "kpy.h"
 
 #include <stddef.h>
+#include <string.h>
+
+#ifdef Py_T_PYSSIZET  /* 3.12+ */
+#define KPY_T_PYSSIZET Py_T_PYSSIZET
+#define KPY_READONLY Py_READONLY
+#else
+#include <structmember.h>
+#define KPY_T_PYSSIZET T_PYSSIZET
+#define KPY_READONLY READONLY
+#endif
 
 /* 1 if b's memory may no longer be used (released, or its arena was reset). */
 static int block_dead(kpy_block *b) {
@@ -31,19 +46,20 @@ static int block_dead_error(kpy_block *b) {
     return -1;
 }
 
-PyObject *kpy_block_new(PyTypeObject *tp, char *ptr, Py_ssize_t size, int kind, PyObject *owner, uint64_t generation) {
-    kpy_block *b = (kpy_block *)tp->tp_alloc(tp, 0);
-    if (!b) return NULL;
-    b->ptr = ptr;
-    b->size = size;
-    b->exports = 0;
-    b->kind = kind;
-    b->released = 0;
-    b->generation = generation;
-    Py_XINCREF(owner);
-    b->owner = owner;
-    return (PyObject *)b;
+/* Leave the memory of the dead wrapper b in *spare; 0 if the slot was
+ * taken (then the caller frees b). */
+static inline int spare_put(kpy_spare *spare, kpy_block *b) {
+    kpy_block *expected = NULL;
+    if (atomic_load_explicit(spare, memory_order_relaxed)) return 0;
+    return atomic_compare_exchange_strong_explicit(spare, &expected, b, memory_order_release, memory_order_relaxed);
 }
+
+void kpy_spare_clear(kpy_spare *spare) {
+    kpy_block *b = atomic_exchange_explicit(spare, NULL, memory_order_acquire);
+    if (b) PyObject_Free(b);  /* the Block type's tp_free: it is not a GC type */
+}
+
+kpy_block *kpy_block_alloc(PyTypeObject *tp) { return (kpy_block *)tp->tp_alloc(tp, 0); }
 
 /* Give the memory back to where it came from. REQUIRES: not released, no exports. */
 static void block_free_memory(kpy_block *b) {
@@ -79,13 +95,23 @@ int kpy_block_release(kpy_block *b) {
 
 static void block_dealloc(kpy_block *b) {
     PyTypeObject *tp = Py_TYPE(b);
+    /* weak references die first: their callbacks may run Python code, which
+     * sees a Block that is going away (released or not) */
+    if (b->weakreflist) PyObject_ClearWeakRefs((PyObject *)b);
     /* exports > 0 cannot happen here: every view holds a reference to b */
     if (!b->released && b->exports == 0) {
         if (b->kind == KPY_ARENA && !kpy_arena_current(b->owner, b->generation)) b->released = 1;
         else block_free_memory(b);
     }
-    Py_CLEAR(b->owner);
-    tp->tp_free((PyObject *)b);
+    kpy_spare *spare = NULL;
+    if (b->kind == KPY_POOL) spare = &((kpy_bufferpool *)b->owner)->spare;
+    else if (b->kind == KPY_HEAP) spare = &((kpy_state *)PyType_GetModuleState(tp))->heap_spare;
+    PyObject *owner = b->owner;
+    b->owner = NULL;
+    /* the memory goes to the spare slot before the owner reference is
+     * dropped: a pool that dies of it frees its slot, this memory included */
+    if (!spare || !spare_put(spare, b)) tp->tp_free((PyObject *)b);
+    Py_XDECREF(owner);
     Py_DECREF(tp);
 }
 
@@ -108,6 +134,189 @@ static void block_releasebuffer(kpy_block *b, Py_buffer *view) {
     if (b->kind == KPY_ARENA) kpy_arena_export(b->owner, -1);
 }
 
+/* ---- indexing: b[i], b[i:j], b[i:j:k], read and write --------------------- */
+
+/* The index key as a Py_ssize_t (may run __index__). 0 or -1 with an error. */
+static int index_of(PyObject *key, Py_ssize_t *out) {
+    Py_ssize_t i = PyNumber_AsSsize_t(key, PyExc_IndexError);
+    if (i == -1 && PyErr_Occurred()) return -1;
+    *out = i;
+    return 0;
+}
+
+/* i made absolute against b's size; -1 with IndexError if out of range. */
+static int index_check(kpy_block *b, Py_ssize_t *i) {
+    if (*i < 0) *i += b->size;
+    if (*i < 0 || *i >= b->size) {
+        PyErr_SetString(PyExc_IndexError, "Block index out of range");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *wrong_key(PyObject *key) {
+    PyErr_Format(PyExc_TypeError, "Block indices must be integers or slices, not %.100s", Py_TYPE(key)->tp_name);
+    return NULL;
+}
+
+static PyObject *block_item(kpy_block *b, Py_ssize_t i) {
+    if (block_dead(b)) return block_dead_error(b), NULL;
+    if (i < 0 || i >= b->size) {  /* the sequence protocol made i absolute already */
+        PyErr_SetString(PyExc_IndexError, "Block index out of range");
+        return NULL;
+    }
+    return PyLong_FromLong((unsigned char)b->ptr[i]);
+}
+
+static PyObject *block_subscript(kpy_block *b, PyObject *key) {
+    if (PyIndex_Check(key)) {
+        Py_ssize_t i;
+        if (index_of(key, &i) < 0) return NULL;
+        /* checked after the conversion: __index__ may have released b */
+        if (block_dead(b)) return block_dead_error(b), NULL;
+        if (index_check(b, &i) < 0) return NULL;
+        return PyLong_FromLong((unsigned char)b->ptr[i]);
+    }
+    if (!PySlice_Check(key)) return wrong_key(key);
+    Py_ssize_t start, stop, step;
+    if (PySlice_Unpack(key, &start, &stop, &step) < 0) return NULL;
+    if (block_dead(b)) return block_dead_error(b), NULL;
+    Py_ssize_t n = PySlice_AdjustIndices(b->size, &start, &stop, step);
+    if (step == 1) return PyBytes_FromStringAndSize(b->ptr + start, n);
+    PyObject *r = PyBytes_FromStringAndSize(NULL, n);
+    if (!r) return NULL;
+    char *d = PyBytes_AS_STRING(r);
+    for (Py_ssize_t k = 0, j = start; k < n; k++, j += step) d[k] = b->ptr[j];
+    return r;
+}
+
+/* A byte value for b[i] = v: an int in 0..255. -1 with TypeError/ValueError. */
+static int byte_of(PyObject *v) {
+    if (!PyIndex_Check(v)) {
+        PyErr_Format(PyExc_TypeError, "a Block item must be an int in range(0, 256), not %.100s", Py_TYPE(v)->tp_name);
+        return -1;
+    }
+    Py_ssize_t x = PyNumber_AsSsize_t(v, NULL);
+    if (x == -1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError)) return -1;
+        PyErr_Clear();
+        x = -1;
+    }
+    if (x < 0 || x > 255) {
+        PyErr_SetString(PyExc_ValueError, "byte must be in range(0, 256)");
+        return -1;
+    }
+    return (int)x;
+}
+
+/* The bytes of a value for a slice assignment: buf and len, held alive by
+ * view (while view_held) or copy until slice_value_release. */
+typedef struct {
+    Py_buffer view;
+    int view_held;
+    PyObject *copy;  /* bytes or bytearray holding a contiguous copy */
+    const char *buf;
+    Py_ssize_t len;
+} slice_value;
+
+static void slice_value_release(slice_value *sv) {
+    if (sv->view_held) PyBuffer_Release(&sv->view);
+    sv->view_held = 0;
+    Py_CLEAR(sv->copy);
+}
+
+/* Fill sv from v: objects with the buffer protocol (any shape: their bytes
+ * in C order) and iterables of ints in 0..255, as bytearray takes; not str
+ * or int. 0, or -1 with TypeError/ValueError/BufferError. */
+static int slice_value_get(PyObject *v, slice_value *sv) {
+    memset(sv, 0, sizeof *sv);
+    if (PyObject_CheckBuffer(v)) {
+        if (PyObject_GetBuffer(v, &sv->view, PyBUF_FULL_RO) < 0) return -1;
+        sv->view_held = 1;
+        if (PyBuffer_IsContiguous(&sv->view, 'C')) {
+            sv->buf = sv->view.buf;
+            sv->len = sv->view.len;
+            return 0;
+        }
+        sv->copy = PyBytes_FromStringAndSize(NULL, sv->view.len);
+        if (!sv->copy || PyBuffer_ToContiguous(PyBytes_AS_STRING(sv->copy), &sv->view, sv->view.len, 'C') < 0) {
+            slice_value_release(sv);
+            return -1;
+        }
+        PyBuffer_Release(&sv->view);
+        sv->view_held = 0;
+        sv->buf = PyBytes_AS_STRING(sv->copy);
+        sv->len = PyBytes_GET_SIZE(sv->copy);
+        return 0;
+    }
+    if (PyUnicode_Check(v) || PyIndex_Check(v)) {
+        PyErr_Format(PyExc_TypeError,
+                     "can assign only bytes, buffers, or iterables of ints in range(0, 256) to a Block slice, not %.100s",
+                     Py_TYPE(v)->tp_name);
+        return -1;
+    }
+    sv->copy = PyByteArray_FromObject(v);  /* iterables of ints, range-checked */
+    if (!sv->copy) return -1;
+    sv->buf = PyByteArray_AS_STRING(sv->copy);
+    sv->len = PyByteArray_GET_SIZE(sv->copy);
+    return 0;
+}
+
+static int block_ass_subscript(kpy_block *b, PyObject *key, PyObject *v) {
+    if (!v) {
+        PyErr_SetString(PyExc_TypeError, "cannot delete from a Block: its size is fixed (see resize())");
+        return -1;
+    }
+    if (PyIndex_Check(key)) {
+        Py_ssize_t i;
+        if (index_of(key, &i) < 0) return -1;
+        int x = byte_of(v);
+        if (x < 0) return -1;
+        if (block_dead(b)) return block_dead_error(b);
+        if (index_check(b, &i) < 0) return -1;
+        b->ptr[i] = (char)x;
+        return 0;
+    }
+    if (!PySlice_Check(key)) return wrong_key(key), -1;
+    Py_ssize_t start, stop, step;
+    if (PySlice_Unpack(key, &start, &stop, &step) < 0) return -1;
+    slice_value sv;
+    if (slice_value_get(v, &sv) < 0) return -1;
+    /* everything that may run Python code is done: check b now */
+    int rc = -1;
+    if (block_dead(b)) {
+        block_dead_error(b);
+        goto done;
+    }
+    Py_ssize_t n = PySlice_AdjustIndices(b->size, &start, &stop, step);
+    if (sv.len != n) {
+        PyErr_Format(PyExc_ValueError,
+                     "a Block cannot change size by slice assignment: the slice has %zd byte%s, the value %zd "
+                     "(use resize() on a heap Block)", n, n == 1 ? "" : "s", sv.len);
+        goto done;
+    }
+    if (step == 1) {
+        memmove(b->ptr + start, sv.buf, (size_t)n);  /* the value may be a view of b itself */
+    } else if (n > 0) {
+        const char *src = sv.buf;
+        char *tmp = NULL;
+        if (src < b->ptr + b->size && src + n > b->ptr) {  /* overlaps b: copy it first */
+            if (!(tmp = PyMem_Malloc((size_t)n))) {
+                kpy_no_memory("Block slice assignment", (size_t)n);
+                goto done;
+            }
+            memcpy(tmp, src, (size_t)n);
+            src = tmp;
+        }
+        for (Py_ssize_t k = 0, j = start; k < n; k++, j += step) b->ptr[j] = src[k];
+        PyMem_Free(tmp);
+    }
+    rc = 0;
+done:
+    slice_value_release(&sv);
+    return rc;
+}
+
 /* ---- methods and attributes ----------------------------------------------- */
 
 static PyObject *block_release_meth(kpy_block *b, PyObject *unused) {
@@ -124,6 +333,32 @@ static PyObject *block_enter(kpy_block *b, PyObject *unused) {
 static PyObject *block_exit(kpy_block *b, PyObject *args) {
     if (kpy_block_release(b) < 0) return NULL;
     Py_RETURN_FALSE;
+}
+
+static const char *const kind_names[] = {"heap", "pool", "arena"};
+
+static PyObject *block_resize(kpy_block *b, PyObject *arg) {
+    Py_ssize_t n;
+    if (kpy_size_arg(arg, "size", 1, &n) < 0) return NULL;
+    if (block_dead(b)) return block_dead_error(b), NULL;  /* after __index__, which may release b */
+    if (b->kind != KPY_HEAP) {
+        PyErr_Format(PyExc_TypeError,
+                     "resize() works on heap Blocks (from kpool.malloc) only: this is %s, whose size is fixed",
+                     b->kind == KPY_POOL ? "a BufferPool buffer" : "an Arena block");
+        return NULL;
+    }
+    if (b->exports > 0) {
+        PyErr_Format(PyExc_BufferError, "cannot resize a Block while %zd view%s of it %s alive (release the memoryview first)",
+                     b->exports, b->exports == 1 ? "" : "s", b->exports == 1 ? "is" : "are");
+        return NULL;
+    }
+    if (n != b->size) {
+        char *p = kp_realloc(b->ptr, (size_t)n);
+        if (!p) return kpy_no_memory("Block.resize", (size_t)n);  /* the block is left as it was */
+        b->ptr = p;
+        b->size = n;
+    }
+    Py_RETURN_NONE;
 }
 
 static PyObject *block_get_size(kpy_block *b, void *closure) {
@@ -149,10 +384,7 @@ static PyObject *block_get_usable_size(kpy_block *b, void *closure) {
 
 static PyObject *block_get_released(kpy_block *b, void *closure) { return PyBool_FromLong(block_dead(b)); }
 
-static PyObject *block_get_kind(kpy_block *b, void *closure) {
-    static const char *const names[] = {"heap", "pool", "arena"};
-    return PyUnicode_FromString(names[b->kind]);
-}
+static PyObject *block_get_kind(kpy_block *b, void *closure) { return PyUnicode_FromString(kind_names[b->kind]); }
 
 static Py_ssize_t block_len(kpy_block *b) {
     if (block_dead(b)) return block_dead_error(b);
@@ -160,9 +392,8 @@ static Py_ssize_t block_len(kpy_block *b) {
 }
 
 static PyObject *block_repr(kpy_block *b) {
-    static const char *const names[] = {"heap", "pool", "arena"};
-    if (block_dead(b)) return PyUnicode_FromFormat("<kpool.Block %s, released>", names[b->kind]);
-    return PyUnicode_FromFormat("<kpool.Block %s, size=%zd, address=%p>", names[b->kind], b->size, (void *)b->ptr);
+    if (block_dead(b)) return PyUnicode_FromFormat("<kpool.Block %s, released>", kind_names[b->kind]);
+    return PyUnicode_FromFormat("<kpool.Block %s, size=%zd, address=%p>", kind_names[b->kind], b->size, (void *)b->ptr);
 }
 
 static PyMethodDef block_methods[] = {
@@ -170,6 +401,15 @@ static PyMethodDef block_methods[] = {
      "release($self, /)\n--\n\nGive the memory back (to the heap, the BufferPool, or nothing for an\n"
      "arena block). Idempotent. Raises BufferError, and frees nothing, while a\n"
      "memoryview or other export of the block is alive."},
+    {"resize", (PyCFunction)(void (*)(void))block_resize, METH_O,
+     "resize($self, size, /)\n--\n\nChange the size of a heap Block (from kpool.malloc) to size bytes, in\n"
+     "place when kpool can (kp_realloc), else by moving it (the address changes).\n"
+     "The first min(old, new) bytes are kept; bytes past the old size are not\n"
+     "initialised. Raises BufferError while a memoryview or other export is\n"
+     "alive, TypeError for a BufferPool buffer or an Arena block (their size is\n"
+     "fixed), ValueError for a negative size or a released Block, OverflowError\n"
+     "beyond the address space and MemoryError (the Block unchanged) when out\n"
+     "of memory."},
     {"__enter__", (PyCFunction)(void (*)(void))block_enter, METH_NOARGS, "Return the block itself."},
     {"__exit__", (PyCFunction)(void (*)(void))block_exit, METH_VARARGS, "Release the block."},
     {NULL, NULL, 0, NULL},
@@ -189,10 +429,23 @@ static PyGetSetDef block_getset[] = {
 PyDoc_STRVAR(block_doc,
 "A writable buffer of exactly `size` bytes of kpool memory.\n\n"
 "Made by kpool.malloc(), BufferPool.acquire() and Arena.alloc(); not\n"
-"constructible directly. Supports the buffer protocol (memoryview,\n"
-"numpy.frombuffer, file.readinto, socket.recv_into), release() and the\n"
-"context-manager protocol (released on exit). A Block that is garbage\n"
-"collected is released. Any use after release raises ValueError.");
+"constructible directly. Supports the buffer protocol (memoryview, bytes(b),\n"
+"numpy.frombuffer, file.readinto, socket.recv_into), len(b), indexing like\n"
+"a bytearray of fixed size (b[i] is an int, b[i:j] and b[i:j:k] are bytes;\n"
+"b[i] = 65 and b[i:j] = b'...' of the same length write, anything that\n"
+"would change the size raises ValueError), weak references, release() and\n"
+"the context-manager protocol (released on exit). Heap Blocks can be\n"
+"resize()d. A Block that is garbage collected is released. Any use after\n"
+"release raises ValueError.");
+
+/* Weak references through an inline list on every version:
+ * Py_TPFLAGS_MANAGED_WEAKREF (3.12+) keeps the list in a pre-header that
+ * assumes a GC header before the object, which would make every Block a GC
+ * object (a bigger allocation, tracking on every acquire). */
+static PyMemberDef block_members[] = {
+    {"__weaklistoffset__", KPY_T_PYSSIZET, offsetof(kpy_block, weakreflist), KPY_READONLY, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
 
 static PyType_Slot block_slots[] = {
     {Py_tp_doc, (void *)block_doc},
@@ -200,7 +453,12 @@ static PyType_Slot block_slots[] = {
     {Py_tp_repr, (void *)block_repr},
     {Py_tp_methods, block_methods},
     {Py_tp_getset, block_getset},
+    {Py_tp_members, block_members},
     {Py_sq_length, (void *)block_len},
+    {Py_sq_item, (void *)block_item},
+    {Py_mp_length, (void *)block_len},
+    {Py_mp_subscript, (void *)block_subscript},
+    {Py_mp_ass_subscript, (void *)block_ass_subscript},
     {Py_bf_getbuffer, (void *)block_getbuffer},
     {Py_bf_releasebuffer, (void *)block_releasebuffer},
     {0, NULL},

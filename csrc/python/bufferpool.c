@@ -20,7 +20,10 @@
 #include <errno.h>
 #include <math.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/sysinfo.h>
 #include <time.h>
+#include <unistd.h>
 
 #define WAIT_SLICE_NS 50000000LL  /* longest sleep between signal checks */
 
@@ -31,17 +34,11 @@ static int64_t now_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-void kpy_bufferpool_put(kpy_bufferpool *self, char *ptr) {
-    kp_pool_free(self->pool, ptr);
-    self->in_use--;
-    self->idle++;
-    self->releases++;
-    if (self->waiters > 0) {
-        pthread_mutex_lock(&self->mu);
-        self->seq++;
-        pthread_cond_broadcast(&self->cv);
-        pthread_mutex_unlock(&self->mu);
-    }
+void kpy_bufferpool_wake(kpy_bufferpool *self) {
+    pthread_mutex_lock(&self->mu);
+    self->seq++;
+    pthread_cond_broadcast(&self->cv);
+    pthread_mutex_unlock(&self->mu);
 }
 
 /* Raise ValueError if the pool is closed; -1 then, else 0. */
@@ -62,6 +59,12 @@ static PyObject *raise_exhausted(kpy_bufferpool *self, int waited) {
     return NULL;
 }
 
+/* MemoryError for a kp_pool_alloc that found no memory for a new chunk. */
+static void no_chunk(kpy_bufferpool *self) {
+    PyErr_Format(PyExc_MemoryError, "BufferPool.acquire: cannot allocate a buffer of %zd bytes (no memory for a new chunk)",
+                 self->buffer_size);
+}
+
 /* Sleep with the GIL released until seq moves past snap or until_ns passes.
  * REQUIRES: GIL held on entry (it is released and taken back). */
 static void wait_for_release(kpy_bufferpool *self, uint64_t snap, int64_t until_ns) {
@@ -75,12 +78,12 @@ static void wait_for_release(kpy_bufferpool *self, uint64_t snap, int64_t until_
     Py_END_ALLOW_THREADS
 }
 
-/* One block from the pool, waiting as the timeout says. Returns the block or
- * NULL with an exception set. REQUIRES: GIL held, pool open. */
-static char *take_block(kpy_bufferpool *self, double timeout, int forever) {
-    char *p = kp_pool_alloc(self->pool);
-    if (p) return p;
-    if (errno != ENOBUFS) return PyErr_NoMemory(), NULL;
+/* One block from the pool after kp_pool_alloc just failed (errno says why),
+ * waiting as the timeout says. Returns the block or NULL with an exception
+ * set. REQUIRES: GIL held, pool open. */
+__attribute__((noinline)) static char *take_block_slow(kpy_bufferpool *self, double timeout, int forever) {
+    char *p;
+    if (errno != ENOBUFS) return no_chunk(self), NULL;
     if (!forever && timeout <= 0.0) return raise_exhausted(self, 0), NULL;
 
     kp_pool_note_wait(self->pool);
@@ -92,7 +95,7 @@ static char *take_block(kpy_bufferpool *self, double timeout, int forever) {
         p = kp_pool_alloc(self->pool);
         if (p) break;
         if (errno != ENOBUFS) {
-            PyErr_NoMemory();
+            no_chunk(self);
             break;
         }
         int64_t now = now_ns();
@@ -121,10 +124,10 @@ static PyObject *bufferpool_acquire(kpy_bufferpool *self, PyObject *const *args,
         if (o[0] && kpy_timeout_arg(o[0], &timeout, &forever) < 0) return NULL;
     }
     if (check_open(self) < 0) return NULL;
-    char *p = take_block(self, timeout, forever);
-    if (!p) return NULL;
+    char *p = kp_pool_alloc(self->pool);  /* the fast path: a free buffer at hand */
+    if (!p && !(p = take_block_slow(self, timeout, forever))) return NULL;
     if (self->zero) memset(p, 0, (size_t)self->buffer_size);
-    PyObject *b = kpy_block_new(self->block_type, p, self->buffer_size, KPY_POOL, (PyObject *)self, 0);
+    PyObject *b = kpy_block_new(self->block_type, p, self->buffer_size, KPY_POOL, (PyObject *)self, 0, &self->spare);
     if (!b) {
         kp_pool_free(self->pool, p);
         return NULL;
@@ -259,6 +262,89 @@ static PyObject *bufferpool_repr(kpy_bufferpool *self) {
 
 /* ---- construction ------------------------------------------------------------ */
 
+/* Bytes this machine could ever back with memory: physical memory plus swap,
+ * and no more than RLIMIT_AS allows. 0 if unknown. */
+static size_t backing_bytes(void) {
+    size_t total = 0;
+    long pages = sysconf(_SC_PHYS_PAGES), pg = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && pg > 0) total = (size_t)pages * (size_t)pg;
+    struct sysinfo si;
+    if (total && sysinfo(&si) == 0) total += (size_t)si.totalswap * (si.mem_unit ? si.mem_unit : 1);
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && (total == 0 || (size_t)rl.rlim_cur < total))
+        total = (size_t)rl.rlim_cur;
+    return total;
+}
+
+/* 0 if n blocks of block_size bytes can be backed, else -1 with MemoryError. */
+static int check_prealloc(Py_ssize_t n, size_t block_size) {
+    size_t limit = backing_bytes(), need;
+    if (__builtin_mul_overflow((size_t)n, block_size, &need)) {
+        PyErr_Format(PyExc_MemoryError, "BufferPool: prealloc=%zd buffers of %zu bytes need more than 2**64 bytes", n,
+                     block_size);
+        return -1;
+    }
+    if (need > ((size_t)1 << 47) || (limit && need > limit)) {
+        PyErr_Format(PyExc_MemoryError,
+                     "BufferPool: cannot preallocate %zd buffers of %zu bytes: %zu bytes is more than this machine "
+                     "can back (%zu bytes of memory and swap)", n, block_size, need, limit);
+        return -1;
+    }
+    return 0;
+}
+
+#define PREALLOC_BATCH_BYTES ((size_t)16 << 20)  /* carved with the GIL released between signal checks */
+
+/* Carve n buffers, then give them all back, so that the pool holds them
+ * idle. The buffers carved so far are chained through their first word (no
+ * array of n pointers). Each batch of up to 16 MiB is carved with the GIL
+ * released; between batches the signal handlers run, so Ctrl-C stops a long
+ * prealloc. On failure everything carved is given back and -1 returns with
+ * KeyboardInterrupt (or whatever a handler raised) or MemoryError set. */
+static int carve_prealloc(kpy_bufferpool *self, Py_ssize_t n) {
+    kp_pool *pool = self->pool;
+    size_t bs = self->block_size;
+    Py_ssize_t batch = (Py_ssize_t)(PREALLOC_BATCH_BYTES / bs);
+    if (batch < 1) batch = 1;
+    if (batch > 65536) batch = 65536;
+    char *head = NULL;
+    Py_ssize_t done = 0;
+    int oom = 0, interrupted = 0;
+    while (done < n) {
+        Py_ssize_t stop = n - done < batch ? n : done + batch;
+        Py_BEGIN_ALLOW_THREADS
+        for (; done < stop; done++) {
+            char *p = kp_pool_alloc(pool);
+            if (!p) {
+                oom = 1;
+                break;
+            }
+            memcpy(p, &head, sizeof head);  /* the chain; kp_pool_free overwrites it */
+            head = p;
+        }
+        Py_END_ALLOW_THREADS
+        if (oom) break;
+        if (done < n && PyErr_CheckSignals() < 0) {
+            interrupted = 1;
+            break;
+        }
+    }
+    Py_BEGIN_ALLOW_THREADS
+    while (head) {  /* newest first, so that acquire hands them out oldest first */
+        char *next;
+        memcpy(&next, head, sizeof next);
+        kp_pool_free(pool, head);
+        head = next;
+    }
+    Py_END_ALLOW_THREADS
+    if (oom) {
+        PyErr_Format(PyExc_MemoryError, "BufferPool: cannot preallocate %zd buffers of %zu bytes (out of memory after %zd)",
+                     n, bs, done);
+        return -1;
+    }
+    return interrupted ? -1 : 0;
+}
+
 static PyObject *bufferpool_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"buffer_size", "capacity", "prealloc", "zero", "align", NULL};
     PyObject *o_size, *o_cap = Py_None, *o_pre = NULL, *o_align = NULL;
@@ -285,13 +371,16 @@ static PyObject *bufferpool_new(PyTypeObject *type, PyObject *args, PyObject *kw
         PyErr_Format(PyExc_ValueError, "prealloc (%zd) is larger than capacity (%zd)", prealloc, capacity);
         return NULL;
     }
-    /* prealloc beyond the address space fails up front instead of after a long loop */
-    if (prealloc > 0 && (size_t)prealloc > ((size_t)1 << 47) / (size_t)size) return PyErr_NoMemory();
-
     kp_pool *pool = kp_pool_create((size_t)size, align, (size_t)capacity);
     if (!pool) {
         if (errno == EINVAL) PyErr_SetString(PyExc_ValueError, "invalid BufferPool arguments");
-        else PyErr_NoMemory();
+        else PyErr_Format(PyExc_MemoryError, "BufferPool: cannot allocate a pool of %zd-byte buffers", size);
+        return NULL;
+    }
+    /* prealloc more than the machine can back fails up front, before any of
+     * it is mapped, instead of after a long loop */
+    if (prealloc > 0 && check_prealloc(prealloc, kp_pool_block_size(pool)) < 0) {
+        kp_pool_destroy(pool);
         return NULL;
     }
     kpy_state *st = kpy_state_of_type(type);
@@ -316,22 +405,9 @@ static PyObject *bufferpool_new(PyTypeObject *type, PyObject *args, PyObject *kw
     pthread_mutex_init(&self->mu, NULL);
 
     if (prealloc > 0) {
-        /* carve prealloc blocks, then give them all back */
-        char **held = PyMem_Malloc((size_t)prealloc * sizeof(char *));
-        if (!held) {
+        if (carve_prealloc(self, prealloc) < 0) {
             Py_DECREF(self);
-            return PyErr_NoMemory();
-        }
-        Py_ssize_t n = 0;
-        for (; n < prealloc; n++) {
-            held[n] = kp_pool_alloc(pool);
-            if (!held[n]) break;
-        }
-        for (Py_ssize_t i = n; i-- > 0;) kp_pool_free(pool, held[i]);
-        PyMem_Free(held);
-        if (n < prealloc) {
-            Py_DECREF(self);
-            return PyErr_NoMemory();
+            return NULL;
         }
         self->prealloc = prealloc;
         self->idle = prealloc;
@@ -350,6 +426,7 @@ static void bufferpool_dealloc(kpy_bufferpool *self) {
     }
     Py_CLEAR(self->block_type);
     Py_CLEAR(self->exhausted);
+    kpy_spare_clear(&self->spare);
     tp->tp_free((PyObject *)self);
     Py_DECREF(tp);
 }

@@ -16,10 +16,23 @@
  * these types takes part in the cyclic GC.
  *
  * Threads: every entry point runs with the GIL held; the GIL is released
- * only while waiting (BufferPool.acquire at capacity, stress()). The module
- * does not declare free-threading support (Py_mod_gil), so a free-threaded
- * interpreter keeps the GIL enabled while kpool._core is loaded. The Arena
- * additionally serialises its kp_arena with a lock of its own.
+ * only while waiting (BufferPool.acquire at capacity, stress()) and while a
+ * BufferPool carves its prealloc buffers. The module does not declare
+ * free-threading support (Py_mod_gil), so a free-threaded interpreter keeps
+ * the GIL enabled while kpool._core is loaded; the BufferPool's counters and
+ * its open/closed state rely on that. State added since (the spare Block
+ * wrappers, the stress driver's cancel epoch and run count) is atomic, so it
+ * needs no GIL. The Arena additionally serialises its kp_arena with a lock of
+ * its own.
+ *
+ * Spare wrappers: a heap or pool Block that dies after it was released
+ * leaves its object memory in one spare slot (the module state's for heap
+ * blocks, its BufferPool's for pool blocks) instead of freeing it; the next
+ * malloc()/acquire() takes it back with one atomic exchange and
+ * re-initialises it, which skips the object allocator and the zeroing of
+ * the generic tp_alloc. A slot holds raw memory, not an object: no
+ * reference to the type or the owner. Its owner frees it (module clear, pool
+ * dealloc) with PyObject_Free, the Block type's tp_free (it is not a GC type).
  */
 #ifndef KPY_H
 #define KPY_H
@@ -27,6 +40,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "kpool.h"
@@ -42,6 +56,10 @@ static inline PyObject *kpy_newref(PyObject *o) {
 
 /* ---- module state --------------------------------------------------------- */
 
+struct kpy_block;
+/* One spare Block wrapper's memory, or NULL (see "Spare wrappers" above). */
+typedef _Atomic(struct kpy_block *) kpy_spare;
+
 typedef struct {
     PyTypeObject *Block_type;
     PyTypeObject *BufferPool_type;
@@ -49,6 +67,7 @@ typedef struct {
     PyObject *Error;            /* kpool.Error */
     PyObject *PoolExhausted;    /* kpool.PoolExhausted(Error) */
     PyObject *CorruptionError;  /* kpool.CorruptionError(Error) */
+    kpy_spare heap_spare;       /* a dead heap Block's memory, for malloc() */
 } kpy_state;
 
 extern PyModuleDef kpy_moduledef;
@@ -60,12 +79,13 @@ kpy_state *kpy_state_of_type(PyTypeObject *tp);
 
 enum { KPY_HEAP = 0, KPY_POOL = 1, KPY_ARENA = 2 };
 
-typedef struct {
+typedef struct kpy_block {
     PyObject_HEAD
     char *ptr;              /* the memory; meaningless once released */
     Py_ssize_t size;        /* bytes exposed through the buffer protocol */
     Py_ssize_t exports;     /* live Py_buffer views */
     PyObject *owner;        /* NULL (heap), kpy_bufferpool or kpy_arena: strong ref */
+    PyObject *weakreflist;  /* weak references (tp_weaklistoffset) */
     uint64_t generation;    /* arena blocks: the arena's generation at alloc */
     int kind;               /* KPY_HEAP, KPY_POOL, KPY_ARENA */
     int released;           /* 1 once the memory was given back */
@@ -94,6 +114,7 @@ typedef struct {
     uint64_t seq;
     pthread_mutex_t mu;
     pthread_cond_t cv;
+    kpy_spare spare;        /* a dead Block of this pool's memory, for acquire() */
 } kpy_bufferpool;
 
 typedef struct {
@@ -108,9 +129,39 @@ typedef struct {
 /* ---- block.c ---------------------------------------------------------------- */
 
 extern PyType_Spec kpy_block_spec;
+/* Take the wrapper memory left in *spare, or NULL. */
+static inline kpy_block *kpy_spare_take(kpy_spare *spare) {
+    if (!spare || !atomic_load_explicit(spare, memory_order_relaxed)) return NULL;
+    return atomic_exchange_explicit(spare, NULL, memory_order_acquire);
+}
+/* A Block object from tp_alloc, or NULL with an exception set. */
+kpy_block *kpy_block_alloc(PyTypeObject *tp);
 /* A new Block over ptr (new reference), or NULL with an exception set; on
- * failure the caller still owns ptr. owner may be NULL (heap blocks). */
-PyObject *kpy_block_new(PyTypeObject *tp, char *ptr, Py_ssize_t size, int kind, PyObject *owner, uint64_t generation);
+ * failure the caller still owns ptr. owner may be NULL (heap blocks). spare
+ * (may be NULL) is the slot to take a spare wrapper from. */
+static inline PyObject *kpy_block_new(PyTypeObject *tp, char *ptr, Py_ssize_t size, int kind, PyObject *owner,
+                                      uint64_t generation, kpy_spare *spare) {
+    kpy_block *b = kpy_spare_take(spare);
+    if (b) {
+        /* raw memory of a Block: make it an object again (this takes a
+         * reference to tp, as tp_alloc does) */
+        PyObject_Init((PyObject *)b, tp);
+    } else if (!(b = kpy_block_alloc(tp))) {
+        return NULL;
+    }
+    b->ptr = ptr;
+    b->size = size;
+    b->exports = 0;
+    b->kind = kind;
+    b->released = 0;
+    b->generation = generation;
+    b->weakreflist = NULL;
+    Py_XINCREF(owner);
+    b->owner = owner;
+    return (PyObject *)b;
+}
+/* Free the memory left in a spare slot, if any (its owner is going away). */
+void kpy_spare_clear(kpy_spare *spare);
 /* Release b's memory: 0 on success or when already released, -1 with
  * BufferError while views are alive. */
 int kpy_block_release(kpy_block *b);
@@ -118,9 +169,17 @@ int kpy_block_release(kpy_block *b);
 /* ---- bufferpool.c --------------------------------------------------------- */
 
 extern PyType_Spec kpy_bufferpool_spec;
+/* Wake the threads waiting in acquire() for a buffer (mu, cv). */
+void kpy_bufferpool_wake(kpy_bufferpool *self);
 /* Take back a pool block's memory (GIL held): frees it into the kp_pool,
  * updates the counters, wakes a waiter. Never fails. */
-void kpy_bufferpool_put(kpy_bufferpool *self, char *ptr);
+static inline void kpy_bufferpool_put(kpy_bufferpool *self, char *ptr) {
+    kp_pool_free(self->pool, ptr);
+    self->in_use--;
+    self->idle++;
+    self->releases++;
+    if (self->waiters > 0) kpy_bufferpool_wake(self);
+}
 
 /* ---- arena.c ---------------------------------------------------------------- */
 
@@ -147,6 +206,8 @@ int kpy_align_arg(PyObject *o, const char *name, size_t max, size_t *out);
 /* A timeout: None (*forever = 1) or a real number >= 0 in seconds.
  * 0 or -1 (TypeError, ValueError for negative or NaN, OverflowError for huge). */
 int kpy_timeout_arg(PyObject *o, double *seconds, int *forever);
+/* MemoryError "<what>: cannot allocate <bytes> bytes". Returns NULL. */
+PyObject *kpy_no_memory(const char *what, size_t bytes);
 /* Set dict[key] = value and drop the reference to value (which may be NULL
  * with an exception set). 0 on success, -1 on error. */
 int kpy_dict_steal(PyObject *dict, const char *key, PyObject *value);

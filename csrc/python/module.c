@@ -1,7 +1,7 @@
 /* module.c: the module kpool._core (multi-phase init, module state).
  *
  * Defines the module functions (malloc, stats, stats_reset, trim,
- * thread_flush, stress), the exceptions (Error, PoolExhausted,
+ * thread_flush, stress, stress_cancel), the exceptions (Error, PoolExhausted,
  * CorruptionError) and the argument helpers shared by the type files.
  * The exec slot creates the heap types Block, BufferPool and Arena from
  * their PyType_Specs and keeps them, with the exceptions, in the module
@@ -77,6 +77,14 @@ int kpy_parse_args(const char *fname, PyObject *const *args, Py_ssize_t nargs, P
 }
 
 int kpy_size_arg(PyObject *o, const char *name, int allow_zero, Py_ssize_t *out) {
+    if (PyLong_CheckExact(o)) {  /* the common case, without a new reference */
+        Py_ssize_t n = PyLong_AsSsize_t(o);
+        if (n > 0 || (n == 0 && allow_zero)) {
+            *out = n;
+            return 0;
+        }
+        if (n == -1 && PyErr_Occurred()) PyErr_Clear();  /* the general path below says why */
+    }
     if (PyFloat_Check(o) || !PyIndex_Check(o)) {
         PyErr_Format(PyExc_TypeError, "%s must be an int, not %.100s", name, Py_TYPE(o)->tp_name);
         return -1;
@@ -165,6 +173,11 @@ int kpy_timeout_arg(PyObject *o, double *seconds, int *forever) {
     return 0;
 }
 
+PyObject *kpy_no_memory(const char *what, size_t bytes) {
+    PyErr_Format(PyExc_MemoryError, "%s: cannot allocate %zu bytes", what, bytes);
+    return NULL;
+}
+
 int kpy_dict_steal(PyObject *dict, const char *key, PyObject *value) {
     if (!value) return -1;
     int r = PyDict_SetItemString(dict, key, value);
@@ -177,16 +190,17 @@ int kpy_dict_steal(PyObject *dict, const char *key, PyObject *value) {
 static const char *const malloc_kw[] = {"size", "zero", NULL};
 
 static PyObject *kpy_malloc(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
-    PyObject *o[2];
-    if (kpy_parse_args("malloc", args, nargs, kwnames, malloc_kw, 1, 1, o) < 0) return NULL;
+    PyObject *o[2] = {NULL, NULL};
+    if (nargs == 1 && !kwnames) o[0] = args[0];  /* malloc(n): no keyword matching */
+    else if (kpy_parse_args("malloc", args, nargs, kwnames, malloc_kw, 1, 1, o) < 0) return NULL;
     Py_ssize_t size;
     if (kpy_size_arg(o[0], "size", 1, &size) < 0) return NULL;
     int zero = 0;
     if (o[1] && (zero = PyObject_IsTrue(o[1])) < 0) return NULL;
     void *p = zero ? kp_calloc(1, (size_t)size) : kp_malloc((size_t)size);
-    if (!p) return PyErr_NoMemory();
+    if (!p) return kpy_no_memory("kpool.malloc", (size_t)size);
     kpy_state *st = state_of_module(module);
-    PyObject *b = kpy_block_new(st->Block_type, p, size, KPY_HEAP, NULL, 0);
+    PyObject *b = kpy_block_new(st->Block_type, p, size, KPY_HEAP, NULL, 0, &st->heap_spare);
     if (!b) kp_free_sized(p, (size_t)size);
     return b;
 }
@@ -223,7 +237,7 @@ static PyObject *class_dict(const kp_class_stats *c) {
 /* kpool.stats() as a dict (new reference) or NULL. */
 static PyObject *stats_dict(void) {
     kp_stats *st = PyMem_Calloc(1, sizeof(kp_stats));
-    if (!st) return PyErr_NoMemory();
+    if (!st) return kpy_no_memory("kpool.stats", sizeof(kp_stats));
     st->struct_size = sizeof(kp_stats);
     PyObject *d = NULL, *classes = NULL;
     if (kp_stats_get(st) < 0) {
@@ -329,13 +343,72 @@ static PyObject *bad_name(const char *what, const char *name, const char *const 
 }
 #endif
 
+#ifdef KPOOL_HAVE_STRESS
+/* duration=: None (no limit) or a number of seconds in [0.001, 1e9]. */
+static int duration_arg(PyObject *o, double *out) {
+    *out = 0.0;
+    if (!o || o == Py_None) return 0;
+    if (PyBool_Check(o) || (!PyFloat_Check(o) && !PyLong_Check(o))) {
+        PyErr_Format(PyExc_TypeError, "duration must be a number of seconds or None, not %.100s", Py_TYPE(o)->tp_name);
+        return -1;
+    }
+    double d = PyFloat_AsDouble(o);
+    if (d == -1.0 && PyErr_Occurred()) return -1;
+    if (isnan(d) || d <= 0) {
+        PyErr_SetString(PyExc_ValueError, "duration must be a positive number of seconds (or None for no limit)");
+        return -1;
+    }
+    if (d > 1e9) {
+        PyErr_SetString(PyExc_OverflowError, "duration is too large (at most 1e9 seconds; None for no limit)");
+        return -1;
+    }
+    *out = d < 1e-3 ? 1e-3 : d;
+    return 0;
+}
+
+/* 1 if the interpreter has begun to shut down (threading._shutdown runs:
+ * the main thread is done), else 0. Read from threading's flag when the
+ * module is loaded; never raises. The exit hook in kpool/__init__.py
+ * cancels the runs as well, but hooks run last-registered-first, so a
+ * ThreadPoolExecutor made after `import kpool` joins its workers before it:
+ * this check lets such a worker's run end anyway. */
+static int interpreter_exiting(void) {
+    int r = 0;
+    PyObject *name = PyUnicode_FromString("threading");
+    PyObject *threading = name ? PyImport_GetModule(name) : NULL;  /* NULL, no error, if not imported */
+    PyObject *flag = threading ? PyObject_GetAttrString(threading, "_SHUTTING_DOWN") : NULL;
+    if (flag) r = PyObject_IsTrue(flag) == 1;
+    Py_XDECREF(flag);
+    Py_XDECREF(threading);
+    Py_XDECREF(name);
+    PyErr_Clear();  /* a missing flag or module means "no" */
+    return r;
+}
+
+/* cancel=: None, or an object with an is_set() method (threading.Event). */
+static int cancel_arg(PyObject *o) {
+    if (!o || o == Py_None) return 0;
+    PyObject *m = PyObject_GetAttrString(o, "is_set");
+    if (!m || !PyCallable_Check(m)) {
+        Py_XDECREF(m);
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "cancel must be None or an object with an is_set() method (a threading.Event), "
+                     "not %.100s", Py_TYPE(o)->tp_name);
+        return -1;
+    }
+    Py_DECREF(m);
+    return 0;
+}
+#endif
+
 static PyObject *kpy_stress(PyObject *module, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"workload", "threads", "ops", "allocator", "seed", "verify", "size", "burst_bytes", NULL};
+    static char *kwlist[] = {"workload", "threads", "ops", "allocator", "seed", "verify", "size", "burst_bytes",
+                             "duration", "cancel", NULL};
     PyObject *o_workload = NULL, *o_threads = NULL, *o_ops = NULL, *o_alloc = NULL, *o_seed = NULL;
-    PyObject *o_size = NULL, *o_burst = NULL;
+    PyObject *o_size = NULL, *o_burst = NULL, *o_duration = NULL, *o_cancel = NULL;
     int verify = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|O$OOOOpOO:stress", kwlist, &o_workload, &o_threads, &o_ops,
-                                     &o_alloc, &o_seed, &verify, &o_size, &o_burst))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|O$OOOOpOOOO:stress", kwlist, &o_workload, &o_threads, &o_ops,
+                                     &o_alloc, &o_seed, &verify, &o_size, &o_burst, &o_duration, &o_cancel))
         return NULL;
     const char *workload = "mixed", *allocator = "kpool";
     if (o_workload) {
@@ -361,6 +434,14 @@ static PyObject *kpy_stress(PyObject *module, PyObject *args, PyObject *kwds) {
     if (o_ops && kpy_size_arg(o_ops, "ops", 0, &ops) < 0) return NULL;
     if (o_size && kpy_size_arg(o_size, "size", 1, &size) < 0) return NULL;
     if (o_burst && kpy_size_arg(o_burst, "burst_bytes", 1, &burst) < 0) return NULL;
+#ifdef KPOOL_HAVE_STRESS
+    double duration;
+    if (duration_arg(o_duration, &duration) < 0 || cancel_arg(o_cancel) < 0) return NULL;
+    if (o_cancel == Py_None) o_cancel = NULL;
+#else
+    (void)o_duration;
+    (void)o_cancel;
+#endif
     unsigned long long seed = 1;
     if (o_seed) {
         if (PyFloat_Check(o_seed) || !PyIndex_Check(o_seed)) {
@@ -390,6 +471,7 @@ static PyObject *kpy_stress(PyObject *module, PyObject *args, PyObject *kwds) {
     cfg.verify = verify;
     cfg.size = (size_t)size;
     cfg.burst_bytes = (size_t)burst;
+    cfg.duration = duration;
     char err[512] = "";
     kps_run *run = NULL;
     int rc;
@@ -404,28 +486,46 @@ static PyObject *kpy_stress(PyObject *module, PyObject *args, PyObject *kwds) {
         PyErr_Format(PyExc_RuntimeError, "stress: %s", err[0] ? err : "could not start threads");
         return NULL;
     }
-    int interrupted = 0;
+    /* Wait in slices of 50 ms with the GIL released; between them, with the
+     * GIL: signal handlers (Ctrl-C in the main thread: stop, then raise),
+     * the cancel object, and interpreter shutdown (cancel). */
+    int failed = 0;
     for (;;) {
+        if (PyErr_CheckSignals() < 0) {
+            failed = 1;
+            kps_stop(run);
+            break;
+        }
+        if (o_cancel) {
+            PyObject *v = PyObject_CallMethod(o_cancel, "is_set", NULL);
+            int set = v ? PyObject_IsTrue(v) : -1;
+            Py_XDECREF(v);
+            if (set < 0) {  /* is_set() raised: stop, and pass the exception on */
+                failed = 1;
+                kps_cancel(run);
+                break;
+            }
+            if (set) {
+                kps_cancel(run);
+                o_cancel = NULL;  /* asked once: now wait for the workers */
+            }
+        }
+        if (interpreter_exiting()) kps_cancel(run);
         int done;
         Py_BEGIN_ALLOW_THREADS
         done = kps_wait(run, 50);
         Py_END_ALLOW_THREADS
         if (done) break;
-        if (PyErr_CheckSignals() < 0) {
-            interrupted = 1;
-            kps_stop(run);
-            break;
-        }
     }
     char *json;
     Py_BEGIN_ALLOW_THREADS
     json = kps_finish(run);
     Py_END_ALLOW_THREADS
-    if (interrupted) {  /* the exception from the signal handler stays set */
+    if (failed) {  /* the exception from the signal handler or is_set() stays set */
         kps_free_json(json);
         return NULL;
     }
-    if (!json) return PyErr_NoMemory();
+    if (!json) return kpy_no_memory("stress: the result", 4096);
     PyObject *text = PyUnicode_FromString(json);
     kps_free_json(json);
     if (!text) return NULL;
@@ -467,6 +567,14 @@ static PyObject *kpy_stress(PyObject *module, PyObject *args, PyObject *kwds) {
 #endif
 }
 
+static PyObject *kpy_stress_cancel(PyObject *module, PyObject *unused) {
+#ifdef KPOOL_HAVE_STRESS
+    return PyLong_FromLong(kps_cancel_all());
+#else
+    return PyLong_FromLong(0);
+#endif
+}
+
 /* ---- module definition ----------------------------------------------------------- */
 
 PyDoc_STRVAR(malloc_doc,
@@ -488,29 +596,41 @@ PyDoc_STRVAR(stats_reset_doc, "stats_reset($module, /)\n--\n\nZero the event cou
 PyDoc_STRVAR(trim_doc, "trim($module, /)\n--\n\nGive all idle memory back to the OS; returns the bytes released.");
 PyDoc_STRVAR(thread_flush_doc, "thread_flush($module, /)\n--\n\nGive this thread's cached free blocks back to the shared lists.");
 PyDoc_STRVAR(stress_doc,
-"stress($module, /, workload='mixed', *, threads=4, ops=1000000, allocator='kpool',\n"
-"       seed=1, verify=True, size=32, burst_bytes=1073741824)\n--\n\n"
+"stress($module, /, workload='mixed', *, threads=4, ops=1000000, allocator='kpool', seed=1, verify=True,\n"
+"       size=0, burst_bytes=0, duration=None, cancel=None)\n--\n\n"
 "Run the multithreaded C stress driver with the GIL released and return its\n"
-"result as a dict (ops, seconds, ops_per_sec, latency percentiles, RSS, ...;\n"
-"for the kpool allocators also kpool_stats).\n\n"
-"workload='mixed': one of pairs mixed random larson prodcons burst frag\n"
-"    (kpool.STRESS_WORKLOADS).\n"
-"threads=4: worker threads (at most 1024).\n"
-"ops=1000000: operations over all threads (frag: small blocks; burst: unused).\n"
+"result as a dict (ops, seconds, ops_per_sec, latency percentiles, RSS,\n"
+"stopped, stop_reason, ...; for the kpool allocators also kpool_stats).\n\n"
+"workload='mixed': one of pairs mixed random larson prodcons burst frag.\n"
+"threads=4: worker threads (1..1024).\n"
+"ops=1000000: operations over all threads (frag: small blocks).\n"
 "allocator='kpool': kpool, kpool-pool (fixed pools, pairs only), system\n"
 "    (this process's malloc) or null (the driver's own cost).\n"
 "seed=1: the random generator's seed.\n"
 "verify=True: stamp every block and check it before it is freed; damaged\n"
 "    or overlapping blocks raise kpool.CorruptionError.\n"
-"size=32: the block size of pairs, 1..2**30 bytes.\n"
-"burst_bytes=1073741824: the total that burst allocates (1 GiB), at most 2**40.\n\n"
+"size=0: the block size of pairs (0 = 32 bytes).\n"
+"burst_bytes=0: the bytes burst allocates (0 = 1 GiB).\n"
+"duration=None: stop after that many seconds (None: no limit).\n"
+"cancel=None: an object with is_set() (a threading.Event), polled every\n"
+"    50 ms; once it is set the run stops.\n\n"
+"A run that stops early returns what it did: ops counts the operations done\n"
+"(ops_requested what was asked), stopped is True and stop_reason 'duration'\n"
+"or 'cancel' (cancel=, kpool.stress_cancel(), interpreter exit). Raises\n"
+"ValueError for an unknown workload or allocator or a bad size,\n"
+"kpool.CorruptionError when verification finds damaged blocks and\n"
+"KeyboardInterrupt (after stopping the workers) on Ctrl-C while the calling\n"
+"thread is the main thread.\n\n"
 "The defaults differ from the kpool-stress executable's on purpose: this\n"
 "function checks (4 threads, verify on), while kpool-stress, the timing tool\n"
 "that kpool.bench runs, defaults to 1 thread with verify off; pass\n"
-"threads=1, verify=False for the same measurement. Raises ValueError for an\n"
-"unknown workload or allocator or a bad size, kpool.CorruptionError when\n"
-"verification finds damaged blocks, and KeyboardInterrupt (after stopping\n"
-"the workers) on Ctrl-C.");
+"threads=1, verify=False for the same measurement.");
+PyDoc_STRVAR(stress_cancel_doc,
+"stress_cancel($module, /)\n--\n\n"
+"Stop every kpool.stress() run in progress, in any thread: each returns\n"
+"promptly with stopped=True, stop_reason='cancel'. Returns how many runs\n"
+"were in progress. kpool calls it when the interpreter exits, so a run in a\n"
+"worker thread does not keep the process alive.");
 
 static PyMethodDef module_methods[] = {
     {"malloc", (PyCFunction)(void (*)(void))kpy_malloc, METH_FASTCALL | METH_KEYWORDS, malloc_doc},
@@ -519,6 +639,7 @@ static PyMethodDef module_methods[] = {
     {"trim", (PyCFunction)(void (*)(void))kpy_trim, METH_NOARGS, trim_doc},
     {"thread_flush", (PyCFunction)(void (*)(void))kpy_thread_flush, METH_NOARGS, thread_flush_doc},
     {"stress", (PyCFunction)(void (*)(void))kpy_stress, METH_VARARGS | METH_KEYWORDS, stress_doc},
+    {"stress_cancel", (PyCFunction)(void (*)(void))kpy_stress_cancel, METH_NOARGS, stress_cancel_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -630,6 +751,7 @@ static int module_clear(PyObject *m) {
     Py_CLEAR(st->Error);
     Py_CLEAR(st->PoolExhausted);
     Py_CLEAR(st->CorruptionError);
+    kpy_spare_clear(&st->heap_spare);
     return 0;
 }
 

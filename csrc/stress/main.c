@@ -2,7 +2,7 @@
  *
  * usage: kpool-stress [--workload W] [--allocator A] [--threads N] [--ops N]
  *                     [--seed N] [--verify|--no-verify] [--size N]
- *                     [--burst-bytes N] [--repeat N] | --list | --help
+ *                     [--burst-bytes N] [--duration S] [--repeat N] | --list | --help
  *
  * Job: parse the arguments into a kps_config, run the measurement (repeat
  * times) through stress.c and print one JSON object per measurement on its
@@ -15,6 +15,8 @@
  * Signals: SIGINT/SIGTERM set a flag (the handler does nothing else); the
  * main thread polls it between kps_wait calls and calls kps_stop, so the
  * workers stop early and the JSON still comes out, with "stopped": true.
+ * --duration S stops each measurement after S seconds the same way
+ * ("stop_reason": "duration"; "ops" counts what was done).
  */
 #include "stress.h"
 
@@ -35,7 +37,7 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: kpool-stress [--workload W] [--allocator A] [--threads N] [--ops N]\n"
             "                    [--seed N] [--verify|--no-verify] [--size N] [--burst-bytes N]\n"
-            "                    [--repeat N] | --list | --help\n"
+            "                    [--duration S] [--repeat N] | --list | --help\n"
             "  --workload     pairs mixed random larson prodcons burst frag (default mixed)\n"
             "  --allocator    kpool kpool-pool system null (default kpool); peers: system under LD_PRELOAD\n"
             "  --threads      worker threads (default 1)\n"
@@ -44,6 +46,7 @@ static void usage(FILE *f) {
             "  --verify       stamp and check every block (default off)\n"
             "  --size         block size for pairs (default 32)\n"
             "  --burst-bytes  total bytes for burst (default 1 GiB)\n"
+            "  --duration     stop each measurement after S seconds (default: no limit)\n"
             "  --repeat       measurements to print (default 1)\n"
             "  --list         print the workloads and allocators as JSON\n"
             "exit: 0 ok, 1 run failed, 2 bad arguments, 3 corruption found\n");
@@ -76,7 +79,7 @@ static void print_list(void) {
 }
 
 int main(int argc, char **argv) {
-    kps_config cfg = {"mixed", "kpool", 1, 1000000, 1, 0, 0, 0};
+    kps_config cfg = {.workload = "mixed", .allocator = "kpool", .threads = 1, .ops = 1000000, .seed = 1};
     unsigned long long repeat = 1, v;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -100,7 +103,7 @@ int main(int argc, char **argv) {
         if (!strcmp(a, "--verify") && !val) { cfg.verify = 1; continue; }
         if (!strcmp(a, "--no-verify") && !val) { cfg.verify = 0; continue; }
         static const char *const with_value[] = {"--workload", "--allocator", "--threads", "--ops", "--seed",
-                                                 "--size", "--burst-bytes", "--repeat", NULL};
+                                                 "--size", "--burst-bytes", "--duration", "--repeat", NULL};
         int known = 0;
         for (int k = 0; with_value[k]; k++) known |= !strcmp(a, with_value[k]);
         if (!known) {
@@ -117,6 +120,17 @@ int main(int argc, char **argv) {
         }
         if (!strcmp(a, "--workload")) { cfg.workload = val; continue; }
         if (!strcmp(a, "--allocator")) { cfg.allocator = val; continue; }
+        if (!strcmp(a, "--duration")) {
+            char *end;
+            errno = 0;
+            double d = strtod(val, &end);
+            if (errno || end == val || *end || !(d >= 1e-3 && d <= 1e9)) {
+                fprintf(stderr, "kpool-stress: --duration: '%s' is not a number of seconds in 0.001..1e9\n", val);
+                return 2;
+            }
+            cfg.duration = d;
+            continue;
+        }
         if (parse_u64(val, &v) != 0) {
             fprintf(stderr, "kpool-stress: %s: '%s' is not a non-negative integer\n", a, val);
             return 2;

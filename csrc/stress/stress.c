@@ -15,7 +15,9 @@
  * verify is on; a freed block's first and last words are poisoned first.
  *
  * Synchronisation: C11 atomics only. run->go (release/acquire) starts the
- * workers; run->stop is polled (relaxed) every KPS_STOP_EVERY ops; phases
+ * workers; run->stop (the first stop reason, set by compare-and-swap), the
+ * process-wide cancel epoch and the run's deadline are polled (relaxed)
+ * every KPS_STOP_EVERY ops and while a producer waits; phases
  * meet at a spinning barrier (acq_rel counter + release generation); blocks
  * move between threads only through single-producer single-consumer rings
  * whose slots are published by a release store of the tail and recycled by a
@@ -137,6 +139,13 @@ struct kps_thread {
     size_t cons_head, cached_tail;  /* consumer end (in, or the solo ring): position, last tail seen */
 };
 
+/* Stop reasons, in run->stop: the first one set wins. */
+enum { KPS_RUNNING = 0, KPS_STOP_REQUEST, KPS_STOP_CANCEL, KPS_STOP_DURATION };
+
+/* kps_cancel_all bumps the epoch; a run started in an older one stops. */
+static atomic_uint kps_epoch;
+static atomic_int kps_in_progress;  /* runs between kps_start and kps_finish */
+
 struct kps_run {
     int wl, al;
     kps_config cfg;            /* copy; strings point to the static name tables */
@@ -151,7 +160,9 @@ struct kps_run {
     kp_pool *pool;
     atomic_int go;
     atomic_int abort_run;
-    atomic_int stop;
+    atomic_int stop;           /* KPS_RUNNING or the reason to stop */
+    unsigned epoch;            /* kps_epoch when the run started */
+    uint64_t deadline_ns;      /* 0 = none; written before go */
     atomic_int finished;
     atomic_int loop_done;      /* larson: threads out of their loop */
     atomic_int bar_count;
@@ -277,7 +288,25 @@ static void backoff(unsigned *k) {
     }
 }
 
-static int stopping(kps_run *r) { return atomic_load_explicit(&r->stop, memory_order_relaxed); }
+static void set_stop(kps_run *r, int why) {
+    int running = KPS_RUNNING;
+    atomic_compare_exchange_strong_explicit(&r->stop, &running, why, memory_order_relaxed, memory_order_relaxed);
+}
+
+/* 1 once the run should stop: asked to, cancelled (the epoch moved), or
+ * past its deadline (the last two are recorded as the reason). */
+static int stopping(kps_run *r) {
+    if (atomic_load_explicit(&r->stop, memory_order_relaxed)) return 1;
+    if (atomic_load_explicit(&kps_epoch, memory_order_relaxed) != r->epoch) {
+        set_stop(r, KPS_STOP_CANCEL);
+        return 1;
+    }
+    if (r->deadline_ns && now_ns() >= r->deadline_ns) {
+        set_stop(r, KPS_STOP_DURATION);
+        return 1;
+    }
+    return 0;
+}
 
 /* Spinning barrier among the bar_n workers. */
 static void bar_wait(kps_run *r) {
@@ -793,8 +822,8 @@ KPS_INLINE void run_burst(kps_thread *t, const int verify) {
     bar_wait(r);
     if (t->id == 0) {
         r->rss_free = rss_now();
-        if (!stopping(r)) {
-            struct timespec ts = {1, 0};
+        for (int k = 0; k < 100 && !stopping(r); k++) {  /* 1 s, in slices that a stop request cuts short */
+            struct timespec ts = {0, 10000000};
             nanosleep(&ts, NULL);
         }
         r->rss_1s = rss_now();
@@ -1058,6 +1087,10 @@ int kps_start(const kps_config *cfg, kps_run **out, char *err, size_t errlen) {
         fmt_err(err, errlen, "frag: ops (blocks) must be at most 2^28");
         return -1;
     }
+    if (!(cfg->duration == 0 || (cfg->duration >= 1e-3 && cfg->duration <= 1e9))) {  /* NaN fails too */
+        fmt_err(err, errlen, "duration must be 0 (no limit) or 0.001..1e9 seconds, not %g", cfg->duration);
+        return -1;
+    }
     kps_run *r = calloc(1, sizeof *r);
     if (!r) {
         fmt_err(err, errlen, "out of memory");
@@ -1073,6 +1106,7 @@ int kps_start(const kps_config *cfg, kps_run **out, char *err, size_t errlen) {
     r->vt = &vt_table[al];
     r->verify = cfg->verify && al != AL_NULL;
     r->ops_requested = cfg->ops;
+    r->epoch = atomic_load_explicit(&kps_epoch, memory_order_relaxed);
     const char *pre = getenv("LD_PRELOAD");
     if (al == AL_SYSTEM && pre && *pre) {
         const char *base = strrchr(pre, '/');
@@ -1121,6 +1155,7 @@ int kps_start(const kps_config *cfg, kps_run **out, char *err, size_t errlen) {
         }
     }
     rss_peak_reset();
+    if (cfg->duration > 0) r->deadline_ns = now_ns() + (uint64_t)(cfg->duration * 1e9);
     int started = 0, rc = 0;
     for (; started < n; started++) {
         rc = pthread_create(&r->th[started].tid, NULL, worker, &r->th[started]);
@@ -1137,6 +1172,7 @@ int kps_start(const kps_config *cfg, kps_run **out, char *err, size_t errlen) {
         free_arrays(r);
         return -2;
     }
+    atomic_fetch_add_explicit(&kps_in_progress, 1, memory_order_relaxed);
     *out = r;
     return 0;
 }
@@ -1153,7 +1189,16 @@ int kps_wait(kps_run *run, int timeout_ms) {
 }
 
 void kps_stop(kps_run *run) {
-    if (run) atomic_store_explicit(&run->stop, 1, memory_order_relaxed);
+    if (run) set_stop(run, KPS_STOP_REQUEST);
+}
+
+void kps_cancel(kps_run *run) {
+    if (run) set_stop(run, KPS_STOP_CANCEL);
+}
+
+int kps_cancel_all(void) {
+    atomic_fetch_add_explicit(&kps_epoch, 1, memory_order_relaxed);
+    return atomic_load_explicit(&kps_in_progress, memory_order_relaxed);
 }
 
 /* ------------------------------------------------------------------------
@@ -1272,7 +1317,8 @@ char *kps_finish(kps_run *r) {
         }
         qsort(all, k, sizeof(uint64_t), cmp_u64);
     }
-    int stopped = atomic_load_explicit(&r->stop, memory_order_relaxed) != 0;
+    int why = atomic_load_explicit(&r->stop, memory_order_relaxed);
+    static const char *const why_names[] = {NULL, "stop", "cancel", "duration"};
     sbuf b = {malloc(4096), 0, 4096, 0};
     if (!b.s) b.oom = 1;
     sb_printf(&b, "{\"workload\":\"%s\",\"allocator\":\"%s\",\"threads\":%d", r->cfg.workload, r->cfg.allocator, n);
@@ -1287,8 +1333,11 @@ char *kps_finish(kps_run *r) {
     sb_rss(&b, "final_rss", final_rss);
     sb_printf(&b, ",\"corrupt\":%llu,\"error\":", (unsigned long long)corrupt);
     sb_str(&b, error);
-    sb_printf(&b, ",\"stopped\":%s,\"seed\":%llu,\"verify\":%s", stopped ? "true" : "false",
-              (unsigned long long)r->cfg.seed, r->verify ? "true" : "false");
+    sb_printf(&b, ",\"stopped\":%s,\"stop_reason\":", why ? "true" : "false");
+    sb_str(&b, why_names[why]);
+    if (r->cfg.duration > 0) sb_printf(&b, ",\"duration\":%.6f", r->cfg.duration);
+    else sb_printf(&b, ",\"duration\":null");
+    sb_printf(&b, ",\"seed\":%llu,\"verify\":%s", (unsigned long long)r->cfg.seed, r->verify ? "true" : "false");
     if (r->wl == WL_PAIRS) sb_printf(&b, ",\"size\":%zu", r->size);
     else sb_printf(&b, ",\"size\":null");
     sb_printf(&b, ",\"preload\":");
@@ -1371,6 +1420,7 @@ char *kps_finish(kps_run *r) {
     }
     sb_printf(&b, "}");
     free_arrays(r);
+    atomic_fetch_sub_explicit(&kps_in_progress, 1, memory_order_relaxed);
     if (b.oom) {
         free(b.s);
         return NULL;
