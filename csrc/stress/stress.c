@@ -489,25 +489,31 @@ static size_t size_big(uint64_t r) { return 257 + below(r >> 32, 768); }       /
 /* ------------------------------------------------------------------------
  * pairs: alloc/free pairs of one size
  * ---------------------------------------------------------------------- */
-KPS_INLINE void run_pairs(kps_thread *t, const int verify) {
+/* vt is a constant in each copy (the worker picks one per allocator), so
+ * the allocator's functions are called directly, not through pointers: the
+ * loop's own cost is what the null allocator's copy measures. One op in
+ * KPS_SAMPLE_MASK + 1 is timed; the stop flag is read every KPS_STOP_EVERY. */
+KPS_INLINE void run_pairs(kps_thread *t, const alloc_vt *vt, const int verify) {
     kps_run *r = t->run;
-    const alloc_vt *vt = r->vt;
     const size_t n = r->size;
-    uint64_t i;
+    const uint64_t ops = t->ops;
+    uint64_t i = 0;
     t->t_start = now_ns();
-    for (i = 0; i < t->ops; i++) {
+    while (i < ops) {
         if ((i & (KPS_STOP_EVERY - 1)) == 0 && stopping(r)) break;
-        if ((i & KPS_SAMPLE_MASK) == 0) {
-            uint64_t a = now_ns();
-            void *p = get_block(t, vt, n, verify);
-            if (!p) break;
-            put_block(t, vt, p, n, verify);
-            add_sample(t, now_ns() - a);
-        } else {
-            void *p = get_block(t, vt, n, verify);
-            if (!p) break;
+        uint64_t a = now_ns();
+        void *p = get_block(t, vt, n, verify);
+        if (!p) break;
+        put_block(t, vt, p, n, verify);
+        add_sample(t, now_ns() - a);
+        uint64_t chunk_end = (i | KPS_SAMPLE_MASK) + 1;
+        if (chunk_end > ops) chunk_end = ops;
+        for (i++; i < chunk_end; i++) {
+            p = get_block(t, vt, n, verify);
+            if (__builtin_expect(!p, 0)) break;
             put_block(t, vt, p, n, verify);
         }
+        if (i < chunk_end) break;   /* an allocation failed */
     }
     t->t_end = now_ns();
     t->done = i;
@@ -914,7 +920,15 @@ static void *worker(void *arg) {
     }
     int v = r->verify;
     switch (r->wl) {
-    case WL_PAIRS: bar_wait(r); DISPATCH(run_pairs, t); break;
+    case WL_PAIRS:
+        bar_wait(r);
+        switch (r->al) {
+        case AL_KPOOL: DISPATCH(run_pairs, t, &vt_table[AL_KPOOL]); break;
+        case AL_KPOOL_POOL: DISPATCH(run_pairs, t, &vt_table[AL_KPOOL_POOL]); break;
+        case AL_SYSTEM: DISPATCH(run_pairs, t, &vt_table[AL_SYSTEM]); break;
+        default: DISPATCH(run_pairs, t, &vt_table[AL_NULL]); break;
+        }
+        break;
     case WL_MIXED: DISPATCH(run_window, t, size_mixed); break;
     case WL_RANDOM: DISPATCH(run_window, t, size_random); break;
     case WL_LARSON: DISPATCH(run_larson, t); break;
