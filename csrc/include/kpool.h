@@ -70,7 +70,7 @@
  *
  * Memory held per thread: each thread caches free blocks without locks. With
  * N live threads, a thread's cache may hold up to 32 MiB / N, but never less
- * than 512 KiB nor more than 4 MiB (so over 64 threads, N * 512 KiB in all).
+ * than 512 KiB nor more than 2 MiB (so over 64 threads, N * 512 KiB in all).
  * A cache over its share, because threads were started, gives the excess
  * back over its next few overflows.
  * kp_thread_flush() empties the calling thread's cache; a thread's cache is
