@@ -105,7 +105,10 @@ static void block_dealloc(kpy_block *b) {
     }
     kpy_spare *spare = NULL;
     if (b->kind == KPY_POOL) spare = &((kpy_bufferpool *)b->owner)->spare;
-    else if (b->kind == KPY_HEAP) spare = &((kpy_state *)PyType_GetModuleState(tp))->heap_spare;
+    else if (b->kind == KPY_HEAP) {
+        kpy_state *st = PyType_GetModuleState(tp);  /* alive: tp holds its module */
+        if (st) spare = &st->heap_spare;
+    }
     PyObject *owner = b->owner;
     b->owner = NULL;
     /* the memory goes to the spare slot before the owner reference is
