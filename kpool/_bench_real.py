@@ -1,6 +1,6 @@
 """Real programs under each allocator: ``python -m kpool bench --real``.
 
-The same binaries (this Python, sqlite3, gcc, git) run with
+The same binaries (this Python, sqlite3, gcc, git, redis-server) run with
 only LD_PRELOAD differing: nothing (glibc's malloc), jemalloc, tcmalloc,
 mimalloc, and kpool (libkpool-malloc.so). Each run's wall time and peak RSS
 are measured (see PEAK RSS below), and its output is compared with glibc's: a run whose output differs is an
@@ -12,9 +12,14 @@ machine spreads over all of them. The table gives the median and the range
 over rounds, and kpool's ratio to the best peer (time and peak RSS).
 
 PEAK RSS is ru_maxrss of the measured process: for a workload that is a
-shell pipeline or spawns children (git gc), the largest single process.
+shell pipeline or spawns children (git gc), the largest single process. For
+redis it is the server's VmHWM; redis-benchmark runs under glibc against it.
+Debian's redis-server is linked with libjemalloc and calls plain malloc and
+free, which LD_PRELOAD hands to the allocator measured; its "glibc" column is
+therefore redis on jemalloc, as Debian ships it (no preload).
 """
 
+import hashlib
 import json
 import os
 import platform
@@ -147,6 +152,20 @@ def _git_repack(work, commits):
             "output": "none"}
 
 
+def _redis(work, requests):
+    sock = str(work / "redis.sock")
+    return {
+        "kind": "server",
+        "args": ["redis-server", "--port", "0", "--unixsocket", sock, "--save", "", "--appendonly", "no",
+                 "--daemonize", "no", "--dir", str(work)],
+        "socket": sock,
+        "client": ["redis-benchmark", "-s", sock, "-n", str(requests), "-q", "-c", "8", "-d", "200",
+                   "-r", "200000", "-t", "set,get,lpush,lpop,sadd,hset,lrange_100"],
+        "env": {},
+        "output": "none",
+    }
+
+
 # name: (description, needs, maker(work, size), default size, quick size)
 WORKLOADS = {
     "json": ("Python: json.dumps + json.loads of a list of dicts, 3 times (PYTHONMALLOC=malloc)", None,
@@ -158,6 +177,9 @@ WORKLOADS = {
     "gcc": ("gcc -O2 -c of a generated C file of N functions", "gcc", _gcc, 3000, 300),
     "git-log": ("git log --stat -M on a generated repository of N commits", "git", _git_log, 6000, 600),
     "git-repack": ("git repack -a -d -f on that repository", "git", _git_repack, 6000, 600),
+    "redis": ("redis-server under the allocator, redis-benchmark (set, get, lpush, lpop, sadd, hset, lrange) "
+              "against it over a unix socket: the time is the client's, the peak RSS the server's", "redis-server",
+              _redis, 200_000, 20_000),
 }
 
 
@@ -194,6 +216,54 @@ print(json.dumps({"seconds": wall, "returncode": p.returncode, "peak_rss": ru.ru
                   "stdout_sha": hashlib.sha256(out).hexdigest(), "stdout_head": out[:200].decode(errors="replace"),
                   "stderr_tail": err[-500:].decode(errors="replace")}))
 """
+
+
+def _measure_server(cmd, preload, cwd, timeout):
+    """A server under the allocator, a client (plain) against it: the client's
+    wall time, the server's peak RSS (VmHWM) read before it is stopped."""
+    env = dict(os.environ)
+    env.pop("LD_PRELOAD", None)
+    env.pop("KPOOL_STATS", None)
+    if preload:
+        env["LD_PRELOAD"] = preload
+    sock = Path(cmd["socket"])
+    if sock.exists():
+        sock.unlink()
+    server = subprocess.Popen(cmd["args"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=cwd)
+    try:
+        deadline = time.monotonic() + 20
+        while not sock.exists():
+            if server.poll() is not None or time.monotonic() > deadline:
+                err = server.stderr.read().decode(errors="replace")[-300:] if server.stderr else ""
+                return {"seconds": None, "peak_rss": None, "error": f"server did not start: {err}"}
+            time.sleep(0.02)
+        clean = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "KPOOL_STATS")}
+        t0 = time.monotonic()
+        client = subprocess.run(cmd["client"], capture_output=True, timeout=timeout, env=clean, cwd=cwd)
+        wall = time.monotonic() - t0
+        peak = None
+        with open(f"/proc/{server.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    peak = int(line.split()[1]) * 1024
+        alive = server.poll() is None
+    except subprocess.TimeoutExpired:
+        return {"seconds": None, "peak_rss": None, "error": f"timed out after {timeout} s"}
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+    rec = {"seconds": wall, "returncode": client.returncode, "peak_rss": peak,
+           "stdout_sha": hashlib.sha256(b"").hexdigest(), "stdout_head": client.stdout[:200].decode(errors="replace"),
+           "stderr_tail": client.stderr[-500:].decode(errors="replace")}
+    if client.returncode != 0:
+        rec["error"] = f"client exit {client.returncode}: {rec['stderr_tail'][-200:]}"
+    elif not alive:
+        rec["error"] = "the server died during the run"
+    return rec
 
 
 def _measure(cmd, preload, cwd, timeout):
@@ -250,7 +320,7 @@ def run(workloads=None, allocators=None, rounds=3, quick=False, timeout=600.0, p
     skipped = {}
     for w in list(wl):
         need = WORKLOADS[w][1]
-        if need and shutil.which(need) is None:
+        if need and shutil.which(need) is None or (w == "redis" and shutil.which("redis-benchmark") is None):
             skipped[w] = f"{need} not installed"
             wl.remove(w)
     tmp = None
@@ -272,7 +342,8 @@ def run(workloads=None, allocators=None, rounds=3, quick=False, timeout=600.0, p
             for w in wl:
                 order = names[r % len(names):] + names[:r % len(names)]
                 for a in order:
-                    rec = _measure(cmds[w], have[a], work, timeout)
+                    measure = _measure_server if cmds[w].get("kind") == "server" else _measure
+                    rec = measure(cmds[w], have[a], work, timeout)
                     rec.update(workload=w, allocator=a, round=r, size=cmds[w]["size"], library=have[a])
                     records.append(rec)
                     done += 1

@@ -173,3 +173,28 @@ def test_kpool_run_keeps_other_preloads_and_rejects_a_bare_string():
     with pytest.raises(TypeError):
         kpool.run("echo hi")
     assert kpool.run("echo hi", shell=True, capture_output=True, text=True).stdout == "hi\n"
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None or shutil.which("redis-cli") is None,
+                    reason="needs redis-server and redis-cli")
+def test_redis_server_serves_under_kpool(tmp_path):
+    import time
+    sock = tmp_path / "r.sock"
+    server = subprocess.Popen(["redis-server", "--port", "0", "--unixsocket", str(sock), "--save", "",
+                               "--appendonly", "no", "--dir", str(tmp_path)],
+                              env=kpool._preload.preload_env(), stdout=subprocess.DEVNULL)
+    try:
+        for _ in range(500):
+            if sock.exists():
+                break
+            time.sleep(0.02)
+        cli = ["redis-cli", "-s", str(sock)]
+        for i in range(200):
+            subprocess.run(cli + ["rpush", "l", "x" * (i * 37 % 3000)], check=True, capture_output=True)
+        assert subprocess.run(cli + ["llen", "l"], capture_output=True, text=True).stdout.strip() == "200"
+        info = subprocess.run(cli + ["info", "memory"], capture_output=True, text=True).stdout
+        assert "used_memory:" in info
+        assert server.poll() is None
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
