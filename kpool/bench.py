@@ -821,6 +821,8 @@ def load(path):
         return Result(data, {})
     if not isinstance(data, dict) or data.get("format") not in (None, "kpool-bench") or "records" not in data:
         raise ValueError(f"{path}: not a kpool bench run")
+    if (data.get("meta") or {}).get("kind") == "real":
+        raise ValueError(f"{path}: a real-program run (python -m kpool bench --real), not a kpool-stress run")
     meta = data.get("meta", {})
     if data.get("partial"):
         meta = dict(meta, partial=True)

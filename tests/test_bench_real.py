@@ -62,3 +62,13 @@ def test_cli_quick_run_prints_both_tables():
     assert r.returncode == 0, r.stdout + r.stderr
     assert "time, seconds" in r.stdout and "peak RSS, MB" in r.stdout
     assert "kpool vs best" in r.stdout
+
+
+def test_bench_load_refuses_a_real_program_run(tmp_path):
+    """bench.load (and so the notebook's saved_runs) takes only kpool-stress runs."""
+    from kpool import bench
+    res = bench_real.run(["sqlite"], ["glibc"], rounds=1, quick=True, progress=False)
+    bench_real.save(res, tmp_path / "real.json")
+    with pytest.raises(ValueError, match="real-program run"):
+        bench.load(tmp_path / "real.json")
+    assert bench.saved_runs(tmp_path) == []
