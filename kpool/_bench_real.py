@@ -382,49 +382,40 @@ def _summary(res, w, a, key):
     return _median(vals), min(vals), max(vals)
 
 
+def _table_rows(res, key, cell):
+    """One row per workload: each allocator's cell(median, min, max) of key,
+    then the best peer's median over kpool's."""
+    names = res["meta"]["allocators"]
+    peers = [a for a in names if a in PEERS]
+    rows = []
+    for w in res["meta"]["workloads"]:
+        row = f"{w:<11}"
+        for a in names:
+            s = _summary(res, w, a, key)
+            row += f"{'error':>19}" if s is None else cell(*s).rjust(19)
+        if "kpool" in names and peers:
+            k = _summary(res, w, "kpool", key)
+            best = [b[0] for b in (_summary(res, w, p, key) for p in peers) if b]
+            row += f"{min(best) / k[0]:>15.2f}x" if k and best else f"{'-':>16}"
+        rows.append(row)
+    return rows
+
+
 def table(res):
     """The table: per workload, each allocator's median seconds [range] and
     peak RSS, and kpool's ratios to the best peer (above 1: kpool faster /
     smaller)."""
     meta = res["meta"]
     names = meta["allocators"]
-    wl = list(meta["workloads"])
-    lines = []
     head = f"{'workload':<11}" + "".join(f"{a:>19}" for a in names)
-    has_k = "kpool" in names
-    peers = [a for a in names if a in PEERS]
-    if has_k and peers:
+    if "kpool" in names and any(a in PEERS for a in names):
         head += f"{'kpool vs best':>16}"
-    lines.append("time, seconds: median [min-max] over %d rounds" % meta["rounds"])
-    lines.append(head)
-    errors = []
-    for w in wl:
-        row = f"{w:<11}"
-        for a in names:
-            s = _summary(res, w, a, "seconds")
-            row += f"{'error':>19}" if s is None else f"{s[0]:>7.2f} [{s[1]:.2f}-{s[2]:.2f}]".rjust(19)
-        if has_k and peers:
-            k = _summary(res, w, "kpool", "seconds")
-            best = [(_summary(res, w, p, "seconds") or (None,))[0] for p in peers]
-            best = [b for b in best if b]
-            row += (f"{min(best) / k[0]:>15.2f}x" if k and best else f"{'-':>16}")
-        lines.append(row)
-        errors += [f"  {w} under {r['allocator']}, round {r['round']}: {r['error']}" for r in res["records"]
-                   if r["workload"] == w and r.get("error")]
-    lines.append("")
-    lines.append("peak RSS, MB: median [min-max]")
-    lines.append(head)
-    for w in wl:
-        row = f"{w:<11}"
-        for a in names:
-            s = _summary(res, w, a, "peak_rss")
-            row += f"{'error':>19}" if s is None else f"{s[0] / 1e6:>7.1f} [{s[1] / 1e6:.0f}-{s[2] / 1e6:.0f}]".rjust(19)
-        if has_k and peers:
-            k = _summary(res, w, "kpool", "peak_rss")
-            best = [(_summary(res, w, p, "peak_rss") or (None,))[0] for p in peers]
-            best = [b for b in best if b]
-            row += (f"{min(best) / k[0]:>15.2f}x" if k and best else f"{'-':>16}")
-        lines.append(row)
+    lines = ["time, seconds: median [min-max] over %d rounds" % meta["rounds"], head]
+    lines += _table_rows(res, "seconds", lambda m, lo, hi: f"{m:>7.2f} [{lo:.2f}-{hi:.2f}]")
+    lines += ["", "peak RSS, MB: median [min-max]", head]
+    lines += _table_rows(res, "peak_rss", lambda m, lo, hi: f"{m / 1e6:>7.1f} [{lo / 1e6:.0f}-{hi / 1e6:.0f}]")
+    errors = [f"  {r['workload']} under {r['allocator']}, round {r['round']}: {r['error']}"
+              for r in res["records"] if r.get("error")]
     lines.append("")
     lines.append("kpool vs best: the best peer's median over kpool's (time, or peak RSS); above 1.00x kpool is ahead")
     for a, why in meta.get("unavailable", {}).items():
