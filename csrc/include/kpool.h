@@ -2,7 +2,10 @@
  *
  * One process has one kpool heap, shared by every caller of this library
  * (C code, cffi, and the Python package kpool, which links the same
- * libkpool.so).
+ * libkpool.so). libkpool-malloc.so (csrc/preload/malloc.c) is kpool as the
+ * process's malloc: its own copy of this code behind malloc, free, realloc,
+ * new and delete, exporting none of the kp_* names; a program using both
+ * has two heaps, and a pointer from one is foreign to the other.
  *
  * Errors: functions that allocate return NULL and set errno:
  *   ENOMEM  out of memory, or a size so large it cannot be represented;
