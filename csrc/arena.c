@@ -37,6 +37,7 @@ kp_arena *kp_arena_create(size_t chunk_size) {
     memset(a, 0, sizeof *a);
     a->chunk_size = _kp_align_up(chunk_size, KP_PAGE_SIZE);
     a->chunks.next = a->chunks.prev = &a->chunks;
+    KP_VG(VALGRIND_CREATE_MEMPOOL(a, 0, 0));        /* kp_valgrind.h */
     return a;
 }
 
@@ -61,6 +62,16 @@ static void drop_chunk(kp_arena *a, kp_span *s) {
     _kp_pageheap_free(s);
 }
 
+#if KP_VALGRIND
+static void *vg_block(kp_arena *a, void *p, size_t size) {
+    KP_VG(VALGRIND_MEMPOOL_ALLOC(a, p, size));
+    return p;
+}
+#define VG_BLOCK(a, p, size) vg_block(a, p, size)   /* a block handed out, registered */
+#else
+#define VG_BLOCK(a, p, size) (p)
+#endif
+
 void *kp_arena_alloc(kp_arena *a, size_t size, size_t align) {
     if (!a) {
         errno = EINVAL;
@@ -81,14 +92,14 @@ void *kp_arena_alloc(kp_arena *a, size_t size, size_t align) {
         if (p <= (uintptr_t)a->end && size <= (uintptr_t)a->end - p) {
             a->cursor = (char *)(p + size);
             a->used += size;
-            return (void *)p;
+            return VG_BLOCK(a, (void *)p, size);
         }
     }
     if (size + (align > KP_PAGE_SIZE ? 0 : align) > a->chunk_size || align > a->chunk_size) {
         kp_span *own = new_chunk(a, size, align);
         if (!own) return NULL;
         a->used += size;
-        return (void *)(own->start << KP_PAGE_SHIFT);
+        return VG_BLOCK(a, (void *)(own->start << KP_PAGE_SHIFT), size);
     }
     kp_span *s = NULL;
     if (!a->cursor && a->keep) {
@@ -109,11 +120,12 @@ void *kp_arena_alloc(kp_arena *a, size_t size, size_t align) {
     uintptr_t p = _kp_align_up((uintptr_t)a->cursor, align);
     a->cursor = (char *)(p + size);
     a->used += size;
-    return (void *)p;
+    return VG_BLOCK(a, (void *)p, size);
 }
 
 void kp_arena_reset(kp_arena *a) {
     if (!a) return;
+    KP_VG(VALGRIND_DESTROY_MEMPOOL(a); VALGRIND_CREATE_MEMPOOL(a, 0, 0));   /* every block at once */
     for (kp_span *s = a->chunks.next; s != &a->chunks;) {
         kp_span *next = s->next;
         if (s != a->keep) drop_chunk(a, s);
@@ -125,6 +137,7 @@ void kp_arena_reset(kp_arena *a) {
 
 void kp_arena_destroy(kp_arena *a) {
     if (!a) return;
+    KP_VG(VALGRIND_DESTROY_MEMPOOL(a));
     while (a->chunks.next != &a->chunks) drop_chunk(a, a->chunks.next);
     _kp_meta_free(a, sizeof(kp_arena));
 }

@@ -19,6 +19,48 @@
  */
 #include "kp_internal.h"
 
+/* ---- valgrind (KP_VALGRIND=1; kp_valgrind.h) ------------------------------------- */
+#if KP_VALGRIND
+#include <sys/mman.h>
+
+/* A block kpool hands out, of its usable size; zeroed: it reads as zero. */
+static void vg_alloc(void *p, int zeroed) {
+    if (p) VALGRIND_MALLOCLIKE_BLOCK(p, kp_usable_size(p), 0, zeroed);
+}
+/* Only for memory kpool mapped: a foreign pointer (another allocator's
+ * block) goes to kpool's error handler alone, and memcheck's record of it
+ * stays. */
+static void vg_free(void *p) {
+    if (p && kp_owns(p)) VALGRIND_FREELIKE_BLOCK(p, 0);
+}
+/* Large block p of old_usable bytes is now at `at`, of `usable` bytes: resized
+ * in place, or moved by mremap (which moved memcheck's shadow state with the
+ * pages, but not the block record). REQUIRES page heap lock: a tail given
+ * back, or the old address range, cannot be another thread's block yet. */
+static void vg_large_resized(void *p, size_t old_usable, void *at, size_t usable) {
+    if (at == p) {
+        if (usable != old_usable) VALGRIND_RESIZEINPLACE_BLOCK(p, old_usable, usable, 0);
+        return;
+    }
+    /* The old range is unmapped: its record goes first, so that the buffer
+     * for the bits (which may be mapped there now) is not marked with it. */
+    VALGRIND_FREELIKE_BLOCK(p, 0);
+    size_t n = old_usable < usable ? old_usable : usable;
+    void *bits = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    int saved = bits != MAP_FAILED && VALGRIND_GET_VBITS(at, bits, n) == 1;
+    VALGRIND_MALLOCLIKE_BLOCK(at, usable, 0, 0);
+    if (!saved || VALGRIND_SET_VBITS(at, bits, n) != 1) VALGRIND_MAKE_MEM_DEFINED(at, n);
+    if (bits != MAP_FAILED) munmap(bits, n);
+}
+static void *vg_alloced(void *p) {
+    KP_VG(vg_alloc(p, 0));
+    return p;
+}
+#define VG_ALLOCED(p) vg_alloced(p)    /* a block handed out, registered */
+#else
+#define VG_ALLOCED(p) (p)
+#endif
+
 /* ---- debug live bits --------------------------------------------------------- */
 #if KP_DEBUG
 static int debug_mark(void *p, int alloc, const char *call) {
@@ -259,10 +301,16 @@ static void free_other(void *p, unsigned cls, const char *call) {
 
 /* ---- public API ---------------------------------------------------------------------- */
 
-void *kp_malloc(size_t size) {
+static inline __attribute__((always_inline)) void *malloc_any(size_t size) {
     if (KP_LIKELY(size <= KP_FINE_MAX)) return small_alloc(_kp_class_fine[(size + KP_FINE_STEP - 1) / KP_FINE_STEP], size);
     if (size <= KP_SMALL_MAX) return small_alloc(_kp_class_coarse[(size + KP_COARSE_STEP - 1) / KP_COARSE_STEP], size);
     return large_alloc(size, KP_MIN_ALIGN, NULL);
+}
+
+void *kp_malloc(size_t size) {
+    void *p = malloc_any(size);
+    KP_VG(vg_alloc(p, 0));
+    return p;
 }
 
 void *kp_calloc(size_t count, size_t size) {
@@ -276,10 +324,11 @@ void *kp_calloc(size_t count, size_t size) {
          * zero already: writing them would only make them resident. */
         int zeroed = 0;
         void *p = large_alloc(total, KP_MIN_ALIGN, &zeroed);
+        KP_VG(vg_alloc(p, zeroed));
         if (p && !zeroed) memset(p, 0, total);
         return p;
     }
-    void *p = kp_malloc(total);
+    void *p = kp_malloc(total);     /* registered with valgrind there; memset defines it */
     if (p) memset(p, 0, total);
     return p;
 }
@@ -295,6 +344,7 @@ static __attribute__((noinline)) void free_not_flat(void *p, int sized, size_t s
 }
 
 void kp_free(void *p) {
+    KP_VG(vg_free(p));
     unsigned cls = _kp_pagemap_class_flat(p);
     if (KP_LIKELY(small_class_ok(cls))) {
         small_free(p, cls, 0, 0, "kp_free");
@@ -307,6 +357,7 @@ void kp_free_sized(void *p, size_t size) {
     /* The class byte is read anyway: it costs one load and makes a wrong
      * size (or a block from kp_aligned_alloc) harmless to the heap; only the
      * requested-bytes figure would be off, and a KP_DEBUG build reports it. */
+    KP_VG(vg_free(p));
     unsigned cls = _kp_pagemap_class_flat(p);
     if (KP_LIKELY(small_class_ok(cls))) {
         small_free(p, cls, 1, size, "kp_free_sized");
@@ -390,6 +441,8 @@ static void *large_realloc(void *p, size_t size) {
         return NULL;
     }
     size_t usable = large_usable(s, p);
+    /* The small paths and the copy below are kp_malloc and kp_free, which
+     * tell valgrind themselves; a block kept with its pages changes nothing. */
     if (s->guarded) {                         /* a guarded block keeps its guard: a new block */
         _kp_unlock(lk);
         return size == 0 ? realloc_to_zero(p) : realloc_move(p, usable, size);
@@ -405,6 +458,7 @@ static void *large_realloc(void *p, size_t size) {
     if (kept) {
         _kp_pageheap_large_requested_locked(s, size);
         void *at = (void *)(s->start << KP_PAGE_SHIFT);
+        KP_VG(vg_large_resized(p, usable, at, large_usable(s, at)));
         _kp_unlock(lk);
         return at;
     }
@@ -437,14 +491,14 @@ void *kp_aligned_alloc(size_t alignment, size_t size) {
         if (want <= KP_SMALL_MAX) {
             unsigned cls = _kp_size_class(want);
             while (cls < KP_NUM_CLASSES && _kp_classes[cls].size % alignment) cls++;
-            if (cls < KP_NUM_CLASSES) return small_alloc(cls, size);
+            if (cls < KP_NUM_CLASSES) return VG_ALLOCED(small_alloc(cls, size));
         }
     }
     if (alignment > ((size_t)1 << (KP_ADDRESS_BITS - 2))) {
         errno = ENOMEM;
         return NULL;
     }
-    return large_alloc(size ? size : 1, alignment, NULL);
+    return VG_ALLOCED(large_alloc(size ? size : 1, alignment, NULL));
 }
 
 void kp_thread_flush(void) {

@@ -140,7 +140,12 @@ static void start_guard_sampling(void) {
     sigaction(SIGSEGV, &sa, &prev_segv);
 }
 
+#if KP_VALGRIND
+int _kp_vg_on;
+#endif
+
 static void init_once_body(void) {
+    KP_VG_INIT();             /* before any block exists (kp_valgrind.h) */
     draw_secret();
     start_guard_sampling();
     _kp_pagemap_init();

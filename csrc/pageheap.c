@@ -352,6 +352,10 @@ static kp_span *take_span(size_t npages, size_t align_pages, kp_span_state state
 kp_span *_kp_pageheap_alloc_aligned(size_t npages, size_t align_pages, kp_span_state state) {
     _kp_lock(&ph.lock);
     kp_span *s = take_span(npages, align_pages, state, NULL);
+    /* Under valgrind a span carved into blocks is inaccessible until a block
+     * is handed out (kp_valgrind.h): an access to a slot never handed out,
+     * or past a block into one, is reported. */
+    KP_VG(if (s) VALGRIND_MAKE_MEM_NOACCESS((void *)(s->start << KP_PAGE_SHIFT), s->npages * KP_PAGE_SIZE));
     decay();
     publish_figures();
     _kp_unlock(&ph.lock);

@@ -165,11 +165,22 @@ void _kp_pools_unlock_all(void) {
  * Relaxed atomics: a racing misuse is a wrong answer, never a data race.
  * (Mixing the block's address into the marker cost 2% on pool pairs.) */
 static inline void mark_free(const kp_pool *pool, void *p) {
+    KP_VG_QUIET_BEGIN();     /* the word of a free block: kp_valgrind.h */
     __atomic_store_n(&((uintptr_t *)p)[1], pool->cookie, __ATOMIC_RELAXED);
+    KP_VG_QUIET_END();
 }
-static inline void mark_live(void *p) { __atomic_store_n(&((uintptr_t *)p)[1], 0, __ATOMIC_RELAXED); }
+static inline void mark_live(void *p) {
+    KP_VG_QUIET_BEGIN();
+    __atomic_store_n(&((uintptr_t *)p)[1], 0, __ATOMIC_RELAXED);
+    KP_VG_QUIET_END();
+}
+/* Also read from live blocks (kp_pool_owns), whose word 1 may be undefined. */
 static inline int is_free(const kp_pool *pool, const void *p) {
-    return __atomic_load_n(&((const uintptr_t *)p)[1], __ATOMIC_RELAXED) == pool->cookie;
+    KP_VG_QUIET_BEGIN();
+    uintptr_t v = __atomic_load_n(&((const uintptr_t *)p)[1], __ATOMIC_RELAXED);
+    KP_VG_QUIET_END();
+    KP_VG_DEFINED_VALUE(v);
+    return v == pool->cookie;
 }
 
 /* Extend the newest chunk's tagged pages to cover [.., end): their class
@@ -299,6 +310,7 @@ kp_pool *kp_pool_create(size_t block_size, size_t align, size_t capacity) {
     pools_list.list_next->list_prev = pool;
     pools_list.list_next = pool;
     pthread_mutex_unlock(&pools_lock);
+    KP_VG(VALGRIND_CREATE_MEMPOOL(pool, 0, 0));     /* kp_valgrind.h */
     return pool;
 }
 
@@ -307,6 +319,7 @@ static size_t live_now(kp_pool *pool, uint64_t allocs, uint64_t frees);
 
 void kp_pool_destroy(kp_pool *pool) {
     if (!pool) return;
+    KP_VG(VALGRIND_DESTROY_MEMPOOL(pool));          /* its live blocks too, before the chunks go */
     pthread_mutex_lock(&pools_lock);
     if (pool->slot >= 0) slots[pool->slot] = NULL;
     pool->list_prev->list_next = pool->list_next;
@@ -555,7 +568,7 @@ static __attribute__((noinline)) void *cached_alloc_slow(kp_pool *pool) {
     return p;
 }
 
-void *kp_pool_alloc(kp_pool *pool) {
+static inline __attribute__((always_inline)) void *pool_alloc(kp_pool *pool) {
     if (KP_UNLIKELY(!pool)) {
         errno = EINVAL;
         return NULL;
@@ -573,6 +586,12 @@ void *kp_pool_alloc(kp_pool *pool) {
         return p;
     }
     return cached_alloc_slow(pool);
+}
+
+void *kp_pool_alloc(kp_pool *pool) {
+    void *p = pool_alloc(pool);
+    KP_VG(if (p) VALGRIND_MEMPOOL_ALLOC(pool, p, pool->block_size));
+    return p;
 }
 
 static inline __attribute__((always_inline)) void cached_push(kp_pool *pool, kp_pool_cache *pc, void *p) {
@@ -616,6 +635,7 @@ static __attribute__((noinline)) void pool_free_slow(kp_pool *pool, void *p) {
 }
 
 void kp_pool_free(kp_pool *pool, void *p) {
+    KP_VG(if (pool && p) VALGRIND_MEMPOOL_FREE(pool, p));   /* before any other thread can get it */
     if (KP_LIKELY(pool != NULL)) {
         /* A slot tag on p's page says: a chunk of the cached pool in that
          * slot (NULL and foreign pointers have other bytes). */

@@ -520,6 +520,28 @@ def test_close_rules():
     pool.stats()  # still answers
 
 
+def test_stats_after_close_keep_the_counts():
+    """Found by tests/test_stateful.py: once closed, stats() said every
+    acquire had been a hit (misses 0) and nothing was ever refused, because
+    the kp_pool's counters went with it; now they are kept from close()."""
+    pool = kpool.BufferPool(64, capacity=2)
+    a, b = pool.acquire(), pool.acquire()
+    with pytest.raises(kpool.PoolExhausted):
+        pool.acquire()
+    a.release()
+    b.release()
+    c = pool.acquire()                      # a reused buffer: a hit
+    c.release()
+    before = pool.stats()
+    assert (before["acquires"], before["hits"], before["misses"], before["exhausted"]) == (3, 1, 2, 1)
+    pool.close()
+    after = pool.stats()
+    for key in ("acquires", "releases", "hits", "misses", "exhausted", "high_water", "pool_allocs", "pool_frees",
+                "pool_hits", "pool_misses", "pool_high_water"):
+        assert after[key] == before[key], key
+    assert after["closed"] and after["bytes_mapped"] == 0 and after["chunks"] == 0 and after["in_use"] == 0
+
+
 def test_context_manager_closes():
     with kpool.BufferPool(64) as pool:
         with pool.acquire() as b:

@@ -160,6 +160,7 @@ static PyObject *bufferpool_stats(kpy_bufferpool *self, PyObject *unused) {
     memset(&st, 0, sizeof st);
     st.struct_size = sizeof st;
     if (self->pool && kp_pool_stats_get(self->pool, &st) < 0) return PyErr_SetFromErrno(PyExc_OSError);
+    if (!self->pool) st = self->final;  /* closed: the counters as close() left them, no memory */
     uint64_t pre = (uint64_t)self->prealloc;
     uint64_t misses = st.misses > pre ? st.misses - pre : 0;
     if (misses > self->acquires) misses = self->acquires;
@@ -213,6 +214,11 @@ static int do_close(kpy_bufferpool *self) {
                      self->in_use == 1 ? "" : "s", self->in_use == 1 ? "is" : "are");
         return -1;
     }
+    /* keep the counters: stats() after close still tells hits from misses */
+    memset(&self->final, 0, sizeof self->final);
+    self->final.struct_size = sizeof self->final;
+    (void)kp_pool_stats_get(self->pool, &self->final);
+    self->final.bytes_mapped = self->final.chunks = self->final.live = 0;
     self->closed = 1;
     kp_pool_destroy(self->pool);
     self->pool = NULL;

@@ -108,6 +108,7 @@ typedef struct {
     Py_ssize_t idle;        /* buffers returned and kept for reuse (estimate after trim) */
     Py_ssize_t high_water;  /* most in_use at once */
     uint64_t acquires, releases, waits, timeouts;
+    kp_pool_stats final;    /* the kp_pool's counters when close() destroyed it (stats() after close) */
     /* waiting at capacity: releasers bump seq and signal cv under mu when
      * waiters > 0; a waiter sleeps on cv with the GIL released */
     int waiters;
