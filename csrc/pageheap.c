@@ -391,6 +391,15 @@ static void count_large(kp_span *s, size_t requested) {
     ph.large_allocs++;
 }
 
+/* The other half: large block s is freed. Returns its bytes. */
+static size_t uncount_large(const kp_span *s) {
+    size_t bytes = s->npages * KP_PAGE_SIZE;
+    ph.large_bytes -= bytes;
+    ph.large_requested -= s->requested;
+    ph.large_frees++;
+    return bytes;
+}
+
 kp_span *_kp_pageheap_large_alloc(size_t npages, size_t align_pages, size_t requested, int *zeroed) {
     _kp_lock(&ph.lock);
     kp_span *s = NULL;
@@ -418,10 +427,7 @@ kp_span *_kp_pageheap_large_alloc(size_t npages, size_t align_pages, size_t requ
 }
 
 void _kp_pageheap_large_free_locked(kp_span *s) {
-    size_t bytes = s->npages * KP_PAGE_SIZE;
-    ph.large_bytes -= bytes;
-    ph.large_requested -= s->requested;
-    ph.large_frees++;
+    size_t bytes = uncount_large(s);
     if (s->npages > KP_RECENT_MAX_PAGES || bytes > KP_RECENT_BYTES) {
         _kp_pageheap_free_locked(s);
         return;
@@ -566,10 +572,7 @@ kp_span *_kp_pageheap_guarded_alloc(size_t size, size_t align) {
 }
 
 void _kp_pageheap_guarded_free_locked(kp_span *s) {
-    size_t bytes = s->npages * KP_PAGE_SIZE;
-    ph.large_bytes -= bytes;
-    ph.large_requested -= s->requested;
-    ph.large_frees++;
+    size_t bytes = uncount_large(s);
     ph.mapped_bytes -= bytes;
     ph.state_bytes[KP_SPAN_LARGE] -= bytes;
     _kp_pagemap_set_class(s->start, s->npages, 0);
