@@ -17,6 +17,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include "input.h"
 
 #define HEAP_SLOTS 48
 #define POOLS 3
@@ -29,14 +30,6 @@ static block heap[HEAP_SLOTS];
 static struct { kp_pool *pool; size_t bs; block b[POOL_SLOTS]; } pools[POOLS];
 static struct { kp_arena *arena; block b[ARENA_BLOCKS]; int n; } arena;
 
-static const unsigned char *in;
-static size_t in_left;
-
-static unsigned next_byte(void) {
-    if (!in_left) return 0;
-    in_left--;
-    return *in++;
-}
 
 #define FAIL(...) do { fprintf(stderr, "fuzz_api: " __VA_ARGS__); fprintf(stderr, "\n"); abort(); } while (0)
 

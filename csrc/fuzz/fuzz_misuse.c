@@ -13,6 +13,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include "input.h"
 
 #define SLOTS 32
 #define FAIL(...) do { fprintf(stderr, "fuzz_misuse: " __VA_ARGS__); fprintf(stderr, "\n"); abort(); } while (0)
@@ -31,13 +32,6 @@ static void counting_handler(const char *call, const void *ptr, const char *what
     reports++;
 }
 
-static const unsigned char *in;
-static size_t in_left;
-static unsigned next_byte(void) {
-    if (!in_left) return 0;
-    in_left--;
-    return *in++;
-}
 
 static size_t pick_size(void) {
     unsigned x = next_byte();
