@@ -35,6 +35,8 @@ __all__ = ["ObjectPool"]
 T = TypeVar("T")
 
 _TIMEOUT_MAX = 1e9  # seconds, as BufferPool.acquire
+_MAY_CREATE = object()   # _take_locked: a creation slot is taken
+_AT_CAPACITY = object()  # _take_locked: nothing idle, no room to create
 
 
 def _count_arg(value, name, minimum):
@@ -182,20 +184,29 @@ class ObjectPool(Generic[T]):
         if timeout.__class__ is not float or timeout != 0.0:
             timeout = _timeout_arg(timeout)
         with self._lock:
-            if self._closed:
-                raise ValueError("get() on a closed ObjectPool")
-            if self._idle:
-                obj = self._idle.pop()
-                self._hits += 1
-                self._hand_out_locked(obj)
-                return obj
-            if self._capacity is None or self._in_use + self._creating + self._resetting < self._capacity:
-                self._creating += 1
-            else:
+            obj = self._take_locked("get")
+            if obj is _AT_CAPACITY:
                 obj = self._wait_locked(timeout)
                 if obj is not None:
                     return obj
+            elif obj is not _MAY_CREATE:
+                return obj
         return self._create()
+
+    def _take_locked(self, call):
+        """Under the lock: an idle object, handed out; else _MAY_CREATE with a
+        creation slot taken; else _AT_CAPACITY. ValueError once closed."""
+        if self._closed:
+            raise ValueError(f"{call}() on a closed ObjectPool")
+        if self._idle:
+            obj = self._idle.pop()
+            self._hits += 1
+            self._hand_out_locked(obj)
+            return obj
+        if self._capacity is None or self._in_use + self._creating + self._resetting < self._capacity:
+            self._creating += 1
+            return _MAY_CREATE
+        return _AT_CAPACITY
 
     def _create(self):
         """Call the factory for a creation slot already taken; hand the object out."""
@@ -446,16 +457,11 @@ class ObjectPool(Generic[T]):
         waited = False
         while True:
             with self._lock:
-                if self._closed:
-                    raise ValueError("get_async() on a closed ObjectPool")
-                if self._idle:
-                    obj = self._idle.pop()
-                    self._hits += 1
-                    self._hand_out_locked(obj)
-                    return obj
-                if self._capacity is None or self._in_use + self._creating + self._resetting < self._capacity:
-                    self._creating += 1
+                obj = self._take_locked("get_async")
+                if obj is _MAY_CREATE:
                     fut = None
+                elif obj is not _AT_CAPACITY:
+                    return obj
                 else:
                     if deadline is not None and loop.time() >= deadline:
                         if waited:
