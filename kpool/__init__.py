@@ -76,6 +76,7 @@ except ImportError as _exc:
         "(or build it in place with `pip install -e .`)") from _exc
 
 from ._core import (  # noqa: F401  (re-exported API)
+    TRACEMALLOC_DOMAIN,
     Arena,
     Block,
     BufferPool,
@@ -92,6 +93,7 @@ from ._core import (  # noqa: F401  (re-exported API)
     trim,
 )
 from ._objectpool import ObjectPool
+from ._numpy_api import numpy_handler, use_for_numpy
 from ._preload import get_preload, run
 from ._aio import acquire_async as _acquire_async
 
@@ -120,6 +122,9 @@ __all__ = [
     "Error",
     "PoolExhausted",
     "CorruptionError",
+    "numpy_handler",
+    "use_for_numpy",
+    "TRACEMALLOC_DOMAIN",
 ]
 
 

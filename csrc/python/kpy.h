@@ -25,6 +25,24 @@
  * needs no GIL. The Arena additionally serialises its kp_arena with a lock of
  * its own.
  *
+ * tracemalloc: every heap Block, pool buffer handed out and arena block is
+ * reported to tracemalloc in the domain KPY_TRACEMALLOC_DOMAIN
+ * (kpool.TRACEMALLOC_DOMAIN) when it is made, with its size, so a snapshot
+ * shows the Python line that allocated it; heap and pool blocks are
+ * untracked when their memory goes back (release, collection), arena blocks
+ * when their arena is reset or dies (their memory stays the arena's until
+ * then). PyTraceMalloc_Track returns -2 at once while tracemalloc is not
+ * tracing, which is the whole cost then (measured: README). The address is
+ * untracked before its memory is freed and tracked after it was allocated,
+ * so a trace never outlives its block even when another thread reuses the
+ * address at once.
+ *
+ * Live Blocks: the module state counts the Blocks that hold memory, by kind
+ * (atomics: any thread may make or release one): made +1, released or
+ * collected -1, and an arena's blocks all at once when it is reset. The
+ * pytest plugin (kpool/pytest_plugin.py) reads them to find tests that leave
+ * Blocks alive.
+ *
  * Spare wrappers: a heap or pool Block that dies after it was released
  * leaves its object memory in one spare slot (the module state's for heap
  * blocks, its BufferPool's for pool blocks) instead of freeing it; the next
@@ -54,7 +72,36 @@ static inline PyObject *kpy_newref(PyObject *o) {
 #define Py_NewRef(o) kpy_newref((PyObject *)(o))
 #endif
 
+/* ---- tracemalloc ------------------------------------------------------------- */
+
+/* The tracemalloc domain of kpool's blocks ("kpoo" in ASCII). */
+#define KPY_TRACEMALLOC_DOMAIN 0x6B706F6Fu
+
+/* Report p (n bytes) to tracemalloc: 0 tracked, -2 tracemalloc is not
+ * tracing, -1 no memory for the trace. -DKPY_NO_TRACEMALLOC compiles the
+ * calls out (to measure what they cost). */
+static inline int kpy_track(const void *p, size_t n) {
+#ifdef KPY_NO_TRACEMALLOC
+    (void)p;
+    (void)n;
+    return -2;
+#else
+    return PyTraceMalloc_Track(KPY_TRACEMALLOC_DOMAIN, (uintptr_t)p, n);
+#endif
+}
+
+/* Forget p's trace (nothing if it has none). */
+static inline void kpy_untrack(const void *p) {
+#ifdef KPY_NO_TRACEMALLOC
+    (void)p;
+#else
+    (void)PyTraceMalloc_Untrack(KPY_TRACEMALLOC_DOMAIN, (uintptr_t)p);
+#endif
+}
+
 /* ---- module state --------------------------------------------------------- */
+
+enum { KPY_HEAP = 0, KPY_POOL = 1, KPY_ARENA = 2 };
 
 struct kpy_block;
 /* One spare Block wrapper's memory, or NULL (see "Spare wrappers" above). */
@@ -68,7 +115,20 @@ typedef struct {
     PyObject *PoolExhausted;    /* kpool.PoolExhausted(Error) */
     PyObject *CorruptionError;  /* kpool.CorruptionError(Error) */
     kpy_spare heap_spare;       /* a dead heap Block's memory, for malloc() */
+    _Atomic(Py_ssize_t) live[3];  /* Blocks holding memory, by kind (KPY_HEAP, KPY_POOL, KPY_ARENA) */
 } kpy_state;
+
+/* Add d to the live count *c. In a free-threaded build (Py_GIL_DISABLED)
+ * an atomic add; otherwise every caller holds the GIL, so a relaxed load
+ * and store (no locked instruction on the fast paths) cannot lose an
+ * update, and any thread may read the count with an atomic load. */
+static inline void kpy_live_add(_Atomic(Py_ssize_t) *c, Py_ssize_t d) {
+#ifdef Py_GIL_DISABLED
+    atomic_fetch_add_explicit(c, d, memory_order_relaxed);
+#else
+    atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + d, memory_order_relaxed);
+#endif
+}
 
 extern PyModuleDef kpy_moduledef;
 
@@ -76,8 +136,6 @@ extern PyModuleDef kpy_moduledef;
 kpy_state *kpy_state_of_type(PyTypeObject *tp);
 
 /* ---- objects ---------------------------------------------------------------- */
-
-enum { KPY_HEAP = 0, KPY_POOL = 1, KPY_ARENA = 2 };
 
 typedef struct kpy_block {
     PyObject_HEAD
@@ -88,7 +146,9 @@ typedef struct kpy_block {
     PyObject *weakreflist;  /* weak references (tp_weaklistoffset) */
     uint64_t generation;    /* arena blocks: the arena's generation at alloc */
     int kind;               /* KPY_HEAP, KPY_POOL, KPY_ARENA */
-    int released;           /* 1 once the memory was given back */
+    unsigned char released; /* 1 once the memory was given back */
+    unsigned char traced;   /* heap and pool blocks: 1 if tracemalloc took ptr (untrack it
+                               when it goes back; tracing off then: nothing to call) */
 } kpy_block;
 
 typedef struct {
@@ -115,6 +175,8 @@ typedef struct {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     kpy_spare spare;        /* a dead Block of this pool's memory, for acquire() */
+    kpy_state *state;       /* the module's (its live counts); outlives the pool, which
+                               holds the Block type, which holds the module */
 } kpy_bufferpool;
 
 typedef struct {
@@ -124,6 +186,11 @@ typedef struct {
     uint64_t generation;      /* bumped by reset: older Blocks are dead */
     Py_ssize_t exports;       /* views alive on this arena's Blocks */
     size_t chunk_size;
+    kpy_state *state;         /* the module's, as in kpy_bufferpool */
+    /* under lock: */
+    Py_ssize_t live;          /* Blocks of this generation not released (in state->live too) */
+    uintptr_t *traced;        /* addresses reported to tracemalloc since the last reset */
+    size_t ntraced, captraced;
 } kpy_arena;
 
 /* ---- block.c ---------------------------------------------------------------- */
@@ -154,6 +221,7 @@ static inline PyObject *kpy_block_new(PyTypeObject *tp, char *ptr, Py_ssize_t si
     b->exports = 0;
     b->kind = kind;
     b->released = 0;
+    b->traced = 0;
     b->generation = generation;
     b->weakreflist = NULL;
     Py_XINCREF(owner);
@@ -171,10 +239,13 @@ int kpy_block_release(kpy_block *b);
 extern PyType_Spec kpy_bufferpool_spec;
 /* Wake the threads waiting in acquire() for a buffer (mu, cv). */
 void kpy_bufferpool_wake(kpy_bufferpool *self);
-/* Take back a pool block's memory (GIL held): frees it into the kp_pool,
- * updates the counters, wakes a waiter. Never fails. */
-static inline void kpy_bufferpool_put(kpy_bufferpool *self, char *ptr) {
+/* Take back a pool block's memory (GIL held): untracks it (if traced),
+ * frees it into the kp_pool, updates the counters, wakes a waiter. Never
+ * fails. */
+static inline void kpy_bufferpool_put(kpy_bufferpool *self, char *ptr, int traced) {
+    if (traced) kpy_untrack(ptr);
     kp_pool_free(self->pool, ptr);
+    kpy_live_add(&self->state->live[KPY_POOL], -1);
     self->in_use--;
     self->idle++;
     self->releases++;
@@ -186,6 +257,9 @@ static inline void kpy_bufferpool_put(kpy_bufferpool *self, char *ptr) {
 extern PyType_Spec kpy_arena_spec;
 /* 1 if an arena Block made in generation gen is still valid. */
 static inline int kpy_arena_current(PyObject *arena, uint64_t gen) { return ((kpy_arena *)arena)->generation == gen; }
+/* An arena Block made in generation gen gives up its memory (released or
+ * collected): it no longer counts as live, unless a reset already took it. */
+void kpy_arena_block_gone(PyObject *arena, uint64_t gen);
 /* Account a view opened (+1) or closed (-1) on one of the arena's Blocks. */
 static inline void kpy_arena_export(PyObject *arena, int delta) { ((kpy_arena *)arena)->exports += delta; }
 
