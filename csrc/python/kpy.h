@@ -1,6 +1,8 @@
 /* kpy.h: shared declarations of the CPython binding kpool._core.
  *
- * The binding is the only part of kpool that includes Python.h. Files:
+ * The bindings are the only part of kpool that includes Python.h (and
+ * numpy_handler.c, the separate module kpool._numpy, the only one that
+ * includes numpy's headers; it does not use this header). Files:
  *   module.c      module definition, state, exec slot, module functions
  *                 (malloc, stats, stats_reset, trim, thread_flush, stress),
  *                 argument helpers
@@ -15,15 +17,38 @@
  * references to their Blocks: there are no reference cycles, and none of
  * these types takes part in the cyclic GC.
  *
- * Threads: every entry point runs with the GIL held; the GIL is released
- * only while waiting (BufferPool.acquire at capacity, stress()) and while a
- * BufferPool carves its prealloc buffers. The module does not declare
- * free-threading support (Py_mod_gil), so a free-threaded interpreter keeps
- * the GIL enabled while kpool._core is loaded; the BufferPool's counters and
- * its open/closed state rely on that. State added since (the spare Block
- * wrappers, the stress driver's cancel epoch and run count) is atomic, so it
- * needs no GIL. The Arena additionally serialises its kp_arena with a lock of
- * its own.
+ * Threads and the GIL: every entry point runs with the GIL held; the GIL is
+ * released only while waiting (BufferPool.acquire at capacity, an Arena
+ * lock another thread holds, stress()) and while a BufferPool carves its
+ * prealloc buffers. kpool._core declares Py_mod_gil = Py_MOD_GIL_USED, so a
+ * free-threaded interpreter turns the GIL on while it is loaded, because
+ * these rely on the GIL (issue 16's audit):
+ *   - Block: exports, released, ptr and size are plain fields, checked and
+ *     changed without a lock. Without the GIL, release() racing release(),
+ *     a new view (getbuffer), b[i], bytes(b) or resize() in another thread
+ *     frees memory twice or under its user.
+ *   - BufferPool: its counters (in_use, idle, high_water, acquires, ...) and
+ *     waiters are plain fields, and close() destroys the kp_pool while
+ *     another thread may be in kp_pool_alloc or kp_pool_free.
+ *   - Arena: exports and generation are read without its lock (a Block's
+ *     dead check, getbuffer, reset's check of exports), so a reset could
+ *     free chunks under a view being opened or a b[i] in another thread.
+ *     The lock serialises the kp_arena calls and the fields marked "under
+ *     lock", not the Blocks' use of the memory.
+ *   - Module state: the spare slots and the stress driver's state are
+ *     atomic, the live counts atomic adds in a free-threaded build
+ *     (kpy_live_add; there a collected arena Block takes the arena lock),
+ *     the types and exceptions written once by the exec slot: these need no
+ *     GIL.
+ * Declaring Py_MOD_GIL_NOT_USED would take a lock or critical section per
+ * Block around every use of its memory and state (taken before, never held
+ * across, anything that may block), one per BufferPool around the kp_pool
+ * calls and counters, and resets excluded from the arena Blocks' uses, all
+ * compiled in only under Py_GIL_DISABLED so that the GIL build's fast paths
+ * pay nothing; not done, for want of a free-threaded CPython to run it on.
+ * tests/stress/test_stress_pyobjects.py runs 16 threads on one BufferPool
+ * and one Arena with the switch interval at 10 us, checking the invariants.
+ * kpool._numpy (numpy_handler.c) needs no GIL and declares so.
  *
  * tracemalloc: every heap Block, pool buffer handed out and arena block is
  * reported to tracemalloc in the domain KPY_TRACEMALLOC_DOMAIN

@@ -781,8 +781,9 @@ static void module_free(void *m) { module_clear((PyObject *)m); }
 static PyModuleDef_Slot module_slots[] = {
     {Py_mod_exec, (void *)module_exec},
 #ifdef Py_mod_gil
-    /* Not declared free-threading safe yet: a free-threaded interpreter keeps
-     * the GIL on while kpool._core is loaded (see kpy.h). */
+    /* Not free-threading safe: Block, BufferPool and Arena rely on the GIL
+     * (kpy.h lists how), so a free-threaded interpreter keeps the GIL on
+     * while kpool._core is loaded. */
     {Py_mod_gil, Py_MOD_GIL_USED},
 #endif
     {0, NULL},
