@@ -5,6 +5,11 @@ Layout of the installed package (DESIGN.md section 3):
 
     kpool/libkpool.so          the core (soname libkpool.so); one heap per process
     kpool/_core.*.so           the CPython binding, linked to ./libkpool.so (rpath $ORIGIN)
+    kpool/_numpy.*.so          numpy's data memory on kpool (NEP 49 handler), linked the
+                               same way; built against numpy's headers (a build requirement
+                               in pyproject.toml), left out with a warning when numpy is
+                               missing at build time (kpool.numpy_handler() then raises
+                               ImportError)
     kpool/libkpool-malloc.so   kpool as the process's malloc (LD_PRELOAD; kpool.get_preload()),
                                its own copy of the core, exporting only the allocation calls
     kpool/kpool-stress         the stress driver as an executable (rpath $ORIGIN)
@@ -117,14 +122,15 @@ class kpool_build_ext(build_ext):
                                    extra_postargs=["-Wl,-rpath,$ORIGIN", "-pthread"])
                 self.extra_outputs.append((os.path.join(pkgdir, "kpool-stress"), "kpool-stress"))
 
-        # 4. the binding, linked to the libkpool.so above
+        # 4. the bindings, linked to the libkpool.so above; the stress driver goes into _core only
         werror = ["-Werror"] if os.environ.get("KPOOL_WERROR") == "1" else []
         for ext in self.extensions:
             ext.library_dirs = [pkgdir] + list(ext.library_dirs or [])
-            ext.extra_objects = stress_objs + list(ext.extra_objects or [])
             ext.extra_compile_args = BINDING_FLAGS + werror + list(ext.extra_compile_args or [])
-            if stress_c:
-                ext.define_macros = list(ext.define_macros or []) + [("KPOOL_HAVE_STRESS", "1")]
+            if ext.name == "kpool._core":
+                ext.extra_objects = stress_objs + list(ext.extra_objects or [])
+                if stress_c:
+                    ext.define_macros = list(ext.define_macros or []) + [("KPOOL_HAVE_STRESS", "1")]
         super().build_extensions()
 
     def get_outputs(self):
@@ -146,17 +152,41 @@ class kpool_build_ext(build_ext):
         return glob.glob(os.path.join(CSRC, "*.h")) + glob.glob(os.path.join(CSRC, "include", "*.h"))
 
 
+NUMPY_SOURCE = os.path.join(CSRC, "python", "numpy_handler.c")
+
 core_ext = Extension(
     "kpool._core",
-    sources=sorted(glob.glob(os.path.join(CSRC, "python", "*.c"))),
+    sources=sorted(p for p in glob.glob(os.path.join(CSRC, "python", "*.c")) if p != NUMPY_SOURCE),
     include_dirs=[os.path.join(CSRC, "include"), os.path.join(CSRC, "stress"), os.path.join(CSRC, "python")],
     depends=glob.glob(os.path.join(CSRC, "python", "*.h")) + glob.glob(os.path.join(CSRC, "include", "*.h")),
     libraries=["kpool", "dl", "m"],
     extra_link_args=["-Wl,-rpath,$ORIGIN", "-pthread"],
 )
 
+
+
+def numpy_ext():
+    """kpool._numpy, or None (with a warning) when numpy is not importable at build time."""
+    try:
+        import numpy
+    except ImportError:
+        import warnings
+
+        warnings.warn("numpy is not installed at build time: kpool._numpy (kpool.numpy_handler(), "
+                      "kpool.use_for_numpy()) is not built")
+        return None
+    return Extension(
+        "kpool._numpy",
+        sources=[NUMPY_SOURCE],
+        include_dirs=[os.path.join(CSRC, "include"), numpy.get_include()],
+        depends=glob.glob(os.path.join(CSRC, "include", "*.h")),
+        libraries=["kpool"],
+        extra_link_args=["-Wl,-rpath,$ORIGIN"],
+    )
+
+
 setup(
     version=read_version(),
-    ext_modules=[core_ext],
+    ext_modules=[e for e in (core_ext, numpy_ext()) if e is not None],
     cmdclass={"build_ext": kpool_build_ext},
 )

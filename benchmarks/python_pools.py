@@ -5,6 +5,9 @@ round), several rounds:
   - BufferPool.acquire() + release() and kpool.malloc(n) + release() against
     bytearray(n), numpy.empty(n, uint8) and, where pyarrow is installed,
     pyarrow.allocate_buffer(n), for n = 64, 4096, 65536, 1 MiB;
+  - numpy.empty(n, uint8) and numpy.zeros(n, uint8) with numpy's own
+    allocator and "on kpool", timed inside `with kpool.use_for_numpy():`
+    (kpool's NEP 49 handler: kp_malloc/kp_calloc, kp_free_sized), same n;
   - ObjectPool.get() + put() against calling the factory;
   - the cost of calling a no-op C method from Python (list.clear on an empty
     list), the floor under any of these, and of the empty timing loop.
@@ -48,14 +51,36 @@ def make_cases(n, pool):
         "kpool.malloc(n)+release": "malloc(n).release()",
     }
     if numpy is not None:
-        ns.update(empty=numpy.empty, uint8=numpy.uint8)
+        ns.update(empty=numpy.empty, zeros=numpy.zeros, uint8=numpy.uint8)
         cases["numpy.empty(n, uint8)"] = "empty(n, uint8)"
+        cases["numpy.zeros(n, uint8)"] = "zeros(n, uint8)"
+        if numpy_on_kpool():
+            # timed inside `with kpool.use_for_numpy():` (the third element)
+            cases["numpy.empty(n, uint8) on kpool"] = ("empty(n, uint8)", kpool.use_for_numpy)
+            cases["numpy.zeros(n, uint8) on kpool"] = ("zeros(n, uint8)", kpool.use_for_numpy)
     if pyarrow is not None:
         ns["allocate_buffer"] = pyarrow.allocate_buffer
         cases["pyarrow.allocate_buffer(n)"] = "allocate_buffer(n)"
     cases["no-op C method"] = "noop()"
     cases["empty loop"] = "pass"
-    return {name: (stmt, ns) for name, stmt in cases.items()}
+    return {name: (stmt, ns) if isinstance(stmt, str) else (stmt[0], ns, stmt[1]) for name, stmt in cases.items()}
+
+
+def numpy_on_kpool():
+    """True if kpool's numpy handler can be used (numpy installed, kpool built with it)."""
+    try:
+        kpool.numpy_handler()
+    except ImportError:
+        return False
+    return True
+
+
+def time_case(case, seconds):
+    """time_one for a case (statement, namespace[, context manager factory to time it in])."""
+    if len(case) == 3:
+        with case[2]():
+            return time_one(case[0], case[1], seconds)
+    return time_one(case[0], case[1], seconds)
 
 
 def time_one(stmt, ns, seconds):
@@ -76,7 +101,7 @@ def run_group(cases, baseline, rounds, seconds):
     ratios = {name: [] for name in names}
     for r in range(rounds):
         order = names[r % len(names):] + names[:r % len(names)]
-        got = {name: time_one(*cases[name], seconds) for name in order}
+        got = {name: time_case(cases[name], seconds) for name in order}
         for name in names:
             per[name].append(got[name])
             ratios[name].append(got[baseline] / got[name])

@@ -18,6 +18,14 @@ kpool can also be a whole program's malloc: kpool.run([...]) or
 library kpool.get_preload() returns (libkpool-malloc.so, also listed among
 the package contents: a C library).
 
+numpy arrays can live on kpool: ``with kpool.use_for_numpy(): ...`` (or
+``kpool.use_for_numpy(global_=True)``) makes numpy allocate their data with
+kpool's memory handler, kpool.numpy_handler() (NEP 49). tracemalloc sees
+kpool's blocks in the domain kpool.TRACEMALLOC_DOMAIN. kpool.pytest_plugin,
+which pytest loads by itself, adds --kpool-report and --kpool-fail-on-leak
+(kpool memory per test, tests that leave Blocks alive) and the fixtures
+kpool_stats and buffer_pool.
+
 C code shares the same process-wide heap: the header kpool.h, in the folder
 kpool.get_include() returns, documents the C API; link the library file
 kpool.get_library() returns (libkpool.so, which pydoc lists among the
@@ -76,6 +84,7 @@ except ImportError as _exc:
         "(or build it in place with `pip install -e .`)") from _exc
 
 from ._core import (  # noqa: F401  (re-exported API)
+    TRACEMALLOC_DOMAIN,
     Arena,
     Block,
     BufferPool,
@@ -92,6 +101,7 @@ from ._core import (  # noqa: F401  (re-exported API)
     trim,
 )
 from ._objectpool import ObjectPool
+from ._numpy_api import numpy_handler, use_for_numpy
 from ._preload import get_preload, run
 from ._aio import acquire_async as _acquire_async
 
@@ -120,6 +130,9 @@ __all__ = [
     "Error",
     "PoolExhausted",
     "CorruptionError",
+    "numpy_handler",
+    "use_for_numpy",
+    "TRACEMALLOC_DOMAIN",
 ]
 
 

@@ -10,6 +10,7 @@ __version__: str
 HAVE_STRESS: int
 POOL_MAX_BLOCK: int
 POOL_MAX_ALIGN: int
+TRACEMALLOC_DOMAIN: int
 STRESS_WORKLOADS: Tuple[str, ...]
 STRESS_ALLOCATORS: Tuple[str, ...]
 
@@ -201,3 +202,6 @@ def stress(
 
 def stress_cancel() -> int:
     """Stop every stress() run in progress (any thread); how many there were."""
+
+def live_blocks() -> Tuple[int, int, int]:
+    """How many Blocks hold memory now: (heap, pool, arena)."""

@@ -277,15 +277,20 @@ def test_help_shows_the_public_api_only():
     assert "_core_module" not in text and "SUBMODULES" not in text
     assert "DESIGN.md" not in text
     assert not hasattr(kpool, "_core_module")
-    assert {n for n in dir(kpool) if not n.startswith("_")} == set(kpool.__all__) - {"__version__"} | {"bench"}
+    # (pytest's assertion rewriting adds '@py_builtins' and '@pytest_ar' to the package of a pytest11
+    # plugin, and kpool.pytest_plugin is an attribute once pytest has loaded it)
+    names = {n for n in dir(kpool) if n.isidentifier() and not n.startswith("_")} - {"pytest_plugin"}
+    assert names == set(kpool.__all__) - {"__version__"} | {"bench"}
     functions = text[text.index("\nFUNCTIONS\n"):text.index("\nDATA\n")]
     listed = {line.split("(")[0].strip() for line in functions.splitlines() if line.startswith("    ")
               and not line.startswith("     ") and "(" in line}
     assert listed <= set(kpool.__all__), listed
     # the package folder also holds the C library; the docstring says what it is
     contents = text[text.index("PACKAGE CONTENTS"):text.index("CLASSES")].split()[2:]
-    assert {c for c in contents if not c.startswith("_")} <= {"bench", "libkpool", "libkpool-malloc"}, contents
+    assert {c for c in contents if not c.startswith("_")} <= {"bench", "libkpool", "libkpool-malloc",
+                                                              "pytest_plugin"}, contents
     assert "not a Python module" in " ".join(kpool.__doc__.split())
+    assert "kpool.pytest_plugin" in kpool.__doc__
 
 
 def test_docstrings_name_no_missing_files():
@@ -348,3 +353,39 @@ def test_stress_stub_matches_the_runtime_signature():
     for k in STRESS_KEYWORDS:
         assert ast.literal_eval(stub_defaults[k]) == sig.parameters[k].default, k
     assert [a.arg for a in fn.args.args] == ["workload"]
+
+
+def test_gil_declarations():
+    """kpool._core declares that it needs the GIL (csrc/python/kpy.h lists
+    what relies on it); kpool._numpy declares that it does not."""
+    root = os.path.join(os.path.dirname(__file__), os.pardir, "csrc", "python")
+    with open(os.path.join(root, "module.c")) as f:
+        core = f.read()
+    with open(os.path.join(root, "numpy_handler.c")) as f:
+        numpy_c = f.read()
+    assert "{Py_mod_gil, Py_MOD_GIL_USED}" in core and "Py_MOD_GIL_NOT_USED" not in core
+    assert "{Py_mod_gil, Py_MOD_GIL_NOT_USED}" in numpy_c
+
+
+def test_free_threaded_python_keeps_the_gil_for_core_only():
+    """On a free-threaded CPython (3.13t): loading kpool._numpy alone leaves
+    the GIL off, importing kpool (kpool._core) turns it on."""
+    import sysconfig
+
+    if not sysconfig.get_config_var("Py_GIL_DISABLED"):
+        pytest.skip("not a free-threaded CPython")
+    pytest.importorskip("numpy")
+    proc = run_python(
+        """
+        import glob, importlib.util, os, sys, warnings
+        warnings.simplefilter("ignore")
+        import numpy
+        folder = os.path.dirname(importlib.util.find_spec("kpool").origin)
+        path = glob.glob(os.path.join(folder, "_numpy.*.so"))[0]
+        spec = importlib.util.spec_from_file_location("kpool._numpy", path)
+        importlib.util.module_from_spec(spec)
+        a = sys._is_gil_enabled()
+        import kpool
+        print(a, sys._is_gil_enabled())
+        """, env={"PYTHON_GIL": ""})
+    assert proc.stdout.split() == ["False", "True"]

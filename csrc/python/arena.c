@@ -6,8 +6,13 @@
  * ValueError on any use. reset() refuses (BufferError) while a view of any
  * of its Blocks is alive, so memory is never recycled under a memoryview.
  *
+ * tracemalloc: each block is tracked when it is made and its address kept
+ * in `traced` (only when tracemalloc took it); reset and dealloc untrack
+ * them all. live counts this generation's Blocks that hold memory, for the
+ * module's live counts.
+ *
  * Locks: `lock` serialises every kp_arena_* call (kp_arena is not
- * thread-safe by itself). It is taken without blocking first and only
+ * thread-safe by itself), and guards live and traced. It is taken without blocking first and only
  * with the GIL released when contended (possible only without a GIL); no
  * Python code runs while it is held.
  */
@@ -29,6 +34,50 @@ static void arena_lock(kpy_arena *self) {
 
 static void arena_unlock(kpy_arena *self) { PyThread_release_lock(self->lock); }
 
+/* Remember that p is traced, to untrack it at reset; if there is no memory
+ * for that, untrack it now. REQUIRES: lock held. */
+static void note_traced(kpy_arena *self, void *p) {
+    if (self->ntraced == self->captraced) {
+        size_t cap = self->captraced ? self->captraced * 2 : 64;
+        uintptr_t *t = PyMem_RawRealloc(self->traced, cap * sizeof *t);
+        if (!t) {
+            kpy_untrack(p);
+            return;
+        }
+        self->traced = t;
+        self->captraced = cap;
+    }
+    self->traced[self->ntraced++] = (uintptr_t)p;
+}
+
+/* Untrack every block traced since the last reset. REQUIRES: lock held. */
+static void untrack_all(kpy_arena *self) {
+    for (size_t i = 0; i < self->ntraced; i++) kpy_untrack((const void *)self->traced[i]);
+    self->ntraced = 0;
+    if (self->captraced > 4096) {  /* a big generation's list does not stay */
+        PyMem_RawFree(self->traced);
+        self->traced = NULL;
+        self->captraced = 0;
+    }
+}
+
+void kpy_arena_block_gone(PyObject *arena, uint64_t gen) {
+    kpy_arena *self = (kpy_arena *)arena;
+    /* live and generation change with the GIL held (and the lock): only a
+     * free-threaded build needs the lock here, where every collected arena
+     * Block passes */
+#ifdef Py_GIL_DISABLED
+    arena_lock(self);
+#endif
+    if (gen == self->generation) {  /* else the reset took it off already */
+        self->live--;
+        kpy_live_add(&self->state->live[KPY_ARENA], -1);
+    }
+#ifdef Py_GIL_DISABLED
+    arena_unlock(self);
+#endif
+}
+
 static const char *const alloc_kw[] = {"size", "align", NULL};
 
 static PyObject *arena_alloc(kpy_arena *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
@@ -43,15 +92,21 @@ static PyObject *arena_alloc(kpy_arena *self, PyObject *const *args, Py_ssize_t 
     void *p = kp_arena_alloc(self->arena, (size_t)size, align);
     int err = errno;
     uint64_t gen = self->generation;
+    if (p) {
+        self->live++;
+        kpy_live_add(&self->state->live[KPY_ARENA], 1);
+        if (kpy_track(p, (size_t)size) == 0) note_traced(self, p);
+    }
     arena_unlock(self);
     if (!p) {
         if (err == EINVAL) PyErr_SetString(PyExc_ValueError, "invalid Arena.alloc arguments");
         else kpy_no_memory("Arena.alloc", (size_t)size);
         return NULL;
     }
-    kpy_state *st = kpy_state_of_type(Py_TYPE(self));
     /* on failure the bytes stay in the arena until reset: nothing leaks */
-    return kpy_block_new(st->Block_type, p, size, KPY_ARENA, (PyObject *)self, gen, NULL);
+    PyObject *b = kpy_block_new(self->state->Block_type, p, size, KPY_ARENA, (PyObject *)self, gen, NULL);
+    if (!b) kpy_arena_block_gone((PyObject *)self, gen);
+    return b;
 }
 
 /* Reset: 0 on success, -1 with BufferError while a view is alive. */
@@ -63,6 +118,9 @@ static int do_reset(kpy_arena *self) {
     }
     arena_lock(self);
     self->generation++;
+    untrack_all(self);  /* before their memory can be handed out again */
+    kpy_live_add(&self->state->live[KPY_ARENA], -self->live);
+    self->live = 0;
     kp_arena_reset(self->arena);
     arena_unlock(self);
     return 0;
@@ -98,8 +156,11 @@ static PyObject *get_chunk_size(kpy_arena *self, void *c) { return PyLong_FromSi
 static PyObject *get_generation(kpy_arena *self, void *c) { return PyLong_FromUnsignedLongLong(self->generation); }
 
 static PyObject *arena_repr(kpy_arena *self) {
-    return PyUnicode_FromFormat("<kpool.Arena chunk_size=%zu, used=%zu, reserved=%zu>", self->chunk_size,
-                                kp_arena_used(self->arena), kp_arena_reserved(self->arena));
+    arena_lock(self);
+    size_t used = kp_arena_used(self->arena), reserved = kp_arena_reserved(self->arena);
+    arena_unlock(self);
+    return PyUnicode_FromFormat("<kpool.Arena chunk_size=%zu, used=%zu, reserved=%zu>", self->chunk_size, used,
+                                reserved);
 }
 
 static PyObject *arena_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
@@ -129,13 +190,17 @@ static PyObject *arena_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     }
     self->arena = a;
     self->lock = lock;
+    self->state = kpy_state_of_type(type);
     self->chunk_size = (size_t)chunk;
     return (PyObject *)self;
 }
 
 static void arena_dealloc(kpy_arena *self) {
     PyTypeObject *tp = Py_TYPE(self);
-    /* every Block holds a reference to its arena, so none is alive here */
+    /* every Block holds a reference to its arena, so none is alive here
+     * (live == 0); their traces may be */
+    untrack_all(self);
+    PyMem_RawFree(self->traced);
     if (self->arena) kp_arena_destroy(self->arena);
     if (self->lock) PyThread_free_lock(self->lock);
     tp->tp_free((PyObject *)self);

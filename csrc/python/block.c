@@ -65,12 +65,15 @@ kpy_block *kpy_block_alloc(PyTypeObject *tp) { return (kpy_block *)tp->tp_alloc(
 static void block_free_memory(kpy_block *b) {
     switch (b->kind) {
     case KPY_HEAP:
+        if (b->traced) kpy_untrack(b->ptr);
         kp_free_sized(b->ptr, (size_t)b->size);
+        kpy_live_add(&((kpy_state *)PyType_GetModuleState(Py_TYPE(b)))->live[KPY_HEAP], -1);
         break;
     case KPY_POOL:
-        kpy_bufferpool_put((kpy_bufferpool *)b->owner, b->ptr);
+        kpy_bufferpool_put((kpy_bufferpool *)b->owner, b->ptr, b->traced);
         break;
-    default:  /* arena: freed all at once by the arena */
+    default:  /* arena: freed all at once by the arena (and untracked then) */
+        kpy_arena_block_gone(b->owner, b->generation);
         break;
     }
     b->released = 1;
@@ -356,10 +359,15 @@ static PyObject *block_resize(kpy_block *b, PyObject *arg) {
         return NULL;
     }
     if (n != b->size) {
+        if (b->traced) kpy_untrack(b->ptr);  /* before kp_realloc may free it */
         char *p = kp_realloc(b->ptr, (size_t)n);
-        if (!p) return kpy_no_memory("Block.resize", (size_t)n);  /* the block is left as it was */
+        if (!p) {
+            b->traced = kpy_track(b->ptr, (size_t)b->size) == 0;
+            return kpy_no_memory("Block.resize", (size_t)n);  /* the block is left as it was */
+        }
         b->ptr = p;
         b->size = n;
+        b->traced = kpy_track(p, (size_t)n) == 0;
     }
     Py_RETURN_NONE;
 }

@@ -132,6 +132,8 @@ static PyObject *bufferpool_acquire(kpy_bufferpool *self, PyObject *const *args,
         kp_pool_free(self->pool, p);
         return NULL;
     }
+    kpy_live_add(&self->state->live[KPY_POOL], 1);
+    ((kpy_block *)b)->traced = kpy_track(p, (size_t)self->buffer_size) == 0;
     self->acquires++;
     self->in_use++;
     if (self->idle > 0) self->idle--;
@@ -396,6 +398,7 @@ static PyObject *bufferpool_new(PyTypeObject *type, PyObject *args, PyObject *kw
         return NULL;
     }
     self->pool = pool;
+    self->state = st;
     self->block_type = (PyTypeObject *)Py_NewRef((PyObject *)st->Block_type);
     self->exhausted = Py_NewRef(st->PoolExhausted);
     self->buffer_size = size;

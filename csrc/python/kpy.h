@@ -1,6 +1,8 @@
 /* kpy.h: shared declarations of the CPython binding kpool._core.
  *
- * The binding is the only part of kpool that includes Python.h. Files:
+ * The bindings are the only part of kpool that includes Python.h (and
+ * numpy_handler.c, the separate module kpool._numpy, the only one that
+ * includes numpy's headers; it does not use this header). Files:
  *   module.c      module definition, state, exec slot, module functions
  *                 (malloc, stats, stats_reset, trim, thread_flush, stress),
  *                 argument helpers
@@ -15,15 +17,56 @@
  * references to their Blocks: there are no reference cycles, and none of
  * these types takes part in the cyclic GC.
  *
- * Threads: every entry point runs with the GIL held; the GIL is released
- * only while waiting (BufferPool.acquire at capacity, stress()) and while a
- * BufferPool carves its prealloc buffers. The module does not declare
- * free-threading support (Py_mod_gil), so a free-threaded interpreter keeps
- * the GIL enabled while kpool._core is loaded; the BufferPool's counters and
- * its open/closed state rely on that. State added since (the spare Block
- * wrappers, the stress driver's cancel epoch and run count) is atomic, so it
- * needs no GIL. The Arena additionally serialises its kp_arena with a lock of
- * its own.
+ * Threads and the GIL: every entry point runs with the GIL held; the GIL is
+ * released only while waiting (BufferPool.acquire at capacity, an Arena
+ * lock another thread holds, stress()) and while a BufferPool carves its
+ * prealloc buffers. kpool._core declares Py_mod_gil = Py_MOD_GIL_USED, so a
+ * free-threaded interpreter turns the GIL on while it is loaded, because
+ * these rely on the GIL (issue 16's audit):
+ *   - Block: exports, released, ptr and size are plain fields, checked and
+ *     changed without a lock. Without the GIL, release() racing release(),
+ *     a new view (getbuffer), b[i], bytes(b) or resize() in another thread
+ *     frees memory twice or under its user.
+ *   - BufferPool: its counters (in_use, idle, high_water, acquires, ...) and
+ *     waiters are plain fields, and close() destroys the kp_pool while
+ *     another thread may be in kp_pool_alloc or kp_pool_free.
+ *   - Arena: exports and generation are read without its lock (a Block's
+ *     dead check, getbuffer, reset's check of exports), so a reset could
+ *     free chunks under a view being opened or a b[i] in another thread.
+ *     The lock serialises the kp_arena calls and the fields marked "under
+ *     lock", not the Blocks' use of the memory.
+ *   - Module state: the spare slots and the stress driver's state are
+ *     atomic, the live counts atomic adds in a free-threaded build
+ *     (kpy_live_add; there a collected arena Block takes the arena lock),
+ *     the types and exceptions written once by the exec slot: these need no
+ *     GIL.
+ * Declaring Py_MOD_GIL_NOT_USED would take a lock or critical section per
+ * Block around every use of its memory and state (taken before, never held
+ * across, anything that may block), one per BufferPool around the kp_pool
+ * calls and counters, and resets excluded from the arena Blocks' uses, all
+ * compiled in only under Py_GIL_DISABLED so that the GIL build's fast paths
+ * pay nothing; not done, for want of a free-threaded CPython to run it on.
+ * tests/stress/test_stress_pyobjects.py runs 16 threads on one BufferPool
+ * and one Arena with the switch interval at 10 us, checking the invariants.
+ * kpool._numpy (numpy_handler.c) needs no GIL and declares so.
+ *
+ * tracemalloc: every heap Block, pool buffer handed out and arena block is
+ * reported to tracemalloc in the domain KPY_TRACEMALLOC_DOMAIN
+ * (kpool.TRACEMALLOC_DOMAIN) when it is made, with its size, so a snapshot
+ * shows the Python line that allocated it; heap and pool blocks are
+ * untracked when their memory goes back (release, collection), arena blocks
+ * when their arena is reset or dies (their memory stays the arena's until
+ * then). PyTraceMalloc_Track returns -2 at once while tracemalloc is not
+ * tracing, which is the whole cost then (measured: README). The address is
+ * untracked before its memory is freed and tracked after it was allocated,
+ * so a trace never outlives its block even when another thread reuses the
+ * address at once.
+ *
+ * Live Blocks: the module state counts the Blocks that hold memory, by kind
+ * (atomics: any thread may make or release one): made +1, released or
+ * collected -1, and an arena's blocks all at once when it is reset. The
+ * pytest plugin (kpool/pytest_plugin.py) reads them to find tests that leave
+ * Blocks alive.
  *
  * Spare wrappers: a heap or pool Block that dies after it was released
  * leaves its object memory in one spare slot (the module state's for heap
@@ -54,7 +97,36 @@ static inline PyObject *kpy_newref(PyObject *o) {
 #define Py_NewRef(o) kpy_newref((PyObject *)(o))
 #endif
 
+/* ---- tracemalloc ------------------------------------------------------------- */
+
+/* The tracemalloc domain of kpool's blocks ("kpoo" in ASCII). */
+#define KPY_TRACEMALLOC_DOMAIN 0x6B706F6Fu
+
+/* Report p (n bytes) to tracemalloc: 0 tracked, -2 tracemalloc is not
+ * tracing, -1 no memory for the trace. -DKPY_NO_TRACEMALLOC compiles the
+ * calls out (to measure what they cost). */
+static inline int kpy_track(const void *p, size_t n) {
+#ifdef KPY_NO_TRACEMALLOC
+    (void)p;
+    (void)n;
+    return -2;
+#else
+    return PyTraceMalloc_Track(KPY_TRACEMALLOC_DOMAIN, (uintptr_t)p, n);
+#endif
+}
+
+/* Forget p's trace (nothing if it has none). */
+static inline void kpy_untrack(const void *p) {
+#ifdef KPY_NO_TRACEMALLOC
+    (void)p;
+#else
+    (void)PyTraceMalloc_Untrack(KPY_TRACEMALLOC_DOMAIN, (uintptr_t)p);
+#endif
+}
+
 /* ---- module state --------------------------------------------------------- */
+
+enum { KPY_HEAP = 0, KPY_POOL = 1, KPY_ARENA = 2 };
 
 struct kpy_block;
 /* One spare Block wrapper's memory, or NULL (see "Spare wrappers" above). */
@@ -68,7 +140,20 @@ typedef struct {
     PyObject *PoolExhausted;    /* kpool.PoolExhausted(Error) */
     PyObject *CorruptionError;  /* kpool.CorruptionError(Error) */
     kpy_spare heap_spare;       /* a dead heap Block's memory, for malloc() */
+    _Atomic(Py_ssize_t) live[3];  /* Blocks holding memory, by kind (KPY_HEAP, KPY_POOL, KPY_ARENA) */
 } kpy_state;
+
+/* Add d to the live count *c. In a free-threaded build (Py_GIL_DISABLED)
+ * an atomic add; otherwise every caller holds the GIL, so a relaxed load
+ * and store (no locked instruction on the fast paths) cannot lose an
+ * update, and any thread may read the count with an atomic load. */
+static inline void kpy_live_add(_Atomic(Py_ssize_t) *c, Py_ssize_t d) {
+#ifdef Py_GIL_DISABLED
+    atomic_fetch_add_explicit(c, d, memory_order_relaxed);
+#else
+    atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + d, memory_order_relaxed);
+#endif
+}
 
 extern PyModuleDef kpy_moduledef;
 
@@ -76,8 +161,6 @@ extern PyModuleDef kpy_moduledef;
 kpy_state *kpy_state_of_type(PyTypeObject *tp);
 
 /* ---- objects ---------------------------------------------------------------- */
-
-enum { KPY_HEAP = 0, KPY_POOL = 1, KPY_ARENA = 2 };
 
 typedef struct kpy_block {
     PyObject_HEAD
@@ -88,7 +171,9 @@ typedef struct kpy_block {
     PyObject *weakreflist;  /* weak references (tp_weaklistoffset) */
     uint64_t generation;    /* arena blocks: the arena's generation at alloc */
     int kind;               /* KPY_HEAP, KPY_POOL, KPY_ARENA */
-    int released;           /* 1 once the memory was given back */
+    unsigned char released; /* 1 once the memory was given back */
+    unsigned char traced;   /* heap and pool blocks: 1 if tracemalloc took ptr (untrack it
+                               when it goes back; tracing off then: nothing to call) */
 } kpy_block;
 
 typedef struct {
@@ -116,6 +201,8 @@ typedef struct {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     kpy_spare spare;        /* a dead Block of this pool's memory, for acquire() */
+    kpy_state *state;       /* the module's (its live counts); outlives the pool, which
+                               holds the Block type, which holds the module */
 } kpy_bufferpool;
 
 typedef struct {
@@ -125,6 +212,11 @@ typedef struct {
     uint64_t generation;      /* bumped by reset: older Blocks are dead */
     Py_ssize_t exports;       /* views alive on this arena's Blocks */
     size_t chunk_size;
+    kpy_state *state;         /* the module's, as in kpy_bufferpool */
+    /* under lock: */
+    Py_ssize_t live;          /* Blocks of this generation not released (in state->live too) */
+    uintptr_t *traced;        /* addresses reported to tracemalloc since the last reset */
+    size_t ntraced, captraced;
 } kpy_arena;
 
 /* ---- block.c ---------------------------------------------------------------- */
@@ -155,6 +247,7 @@ static inline PyObject *kpy_block_new(PyTypeObject *tp, char *ptr, Py_ssize_t si
     b->exports = 0;
     b->kind = kind;
     b->released = 0;
+    b->traced = 0;
     b->generation = generation;
     b->weakreflist = NULL;
     Py_XINCREF(owner);
@@ -172,10 +265,13 @@ int kpy_block_release(kpy_block *b);
 extern PyType_Spec kpy_bufferpool_spec;
 /* Wake the threads waiting in acquire() for a buffer (mu, cv). */
 void kpy_bufferpool_wake(kpy_bufferpool *self);
-/* Take back a pool block's memory (GIL held): frees it into the kp_pool,
- * updates the counters, wakes a waiter. Never fails. */
-static inline void kpy_bufferpool_put(kpy_bufferpool *self, char *ptr) {
+/* Take back a pool block's memory (GIL held): untracks it (if traced),
+ * frees it into the kp_pool, updates the counters, wakes a waiter. Never
+ * fails. */
+static inline void kpy_bufferpool_put(kpy_bufferpool *self, char *ptr, int traced) {
+    if (traced) kpy_untrack(ptr);
     kp_pool_free(self->pool, ptr);
+    kpy_live_add(&self->state->live[KPY_POOL], -1);
     self->in_use--;
     self->idle++;
     self->releases++;
@@ -187,6 +283,9 @@ static inline void kpy_bufferpool_put(kpy_bufferpool *self, char *ptr) {
 extern PyType_Spec kpy_arena_spec;
 /* 1 if an arena Block made in generation gen is still valid. */
 static inline int kpy_arena_current(PyObject *arena, uint64_t gen) { return ((kpy_arena *)arena)->generation == gen; }
+/* An arena Block made in generation gen gives up its memory (released or
+ * collected): it no longer counts as live, unless a reset already took it. */
+void kpy_arena_block_gone(PyObject *arena, uint64_t gen);
 /* Account a view opened (+1) or closed (-1) on one of the arena's Blocks. */
 static inline void kpy_arena_export(PyObject *arena, int delta) { ((kpy_arena *)arena)->exports += delta; }
 

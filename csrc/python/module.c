@@ -201,7 +201,12 @@ static PyObject *kpy_malloc(PyObject *module, PyObject *const *args, Py_ssize_t 
     if (!p) return kpy_no_memory("kpool.malloc", (size_t)size);
     kpy_state *st = state_of_module(module);
     PyObject *b = kpy_block_new(st->Block_type, p, size, KPY_HEAP, NULL, 0, &st->heap_spare);
-    if (!b) kp_free_sized(p, (size_t)size);
+    if (!b) {
+        kp_free_sized(p, (size_t)size);
+        return NULL;
+    }
+    kpy_live_add(&st->live[KPY_HEAP], 1);
+    ((kpy_block *)b)->traced = kpy_track(p, (size_t)size) == 0;
     return b;
 }
 
@@ -567,6 +572,13 @@ static PyObject *kpy_stress(PyObject *module, PyObject *args, PyObject *kwds) {
 #endif
 }
 
+static PyObject *kpy_live_blocks(PyObject *module, PyObject *unused) {
+    kpy_state *st = state_of_module(module);
+    return Py_BuildValue("(nnn)", atomic_load_explicit(&st->live[KPY_HEAP], memory_order_relaxed),
+                         atomic_load_explicit(&st->live[KPY_POOL], memory_order_relaxed),
+                         atomic_load_explicit(&st->live[KPY_ARENA], memory_order_relaxed));
+}
+
 static PyObject *kpy_stress_cancel(PyObject *module, PyObject *unused) {
 #ifdef KPOOL_HAVE_STRESS
     return PyLong_FromLong(kps_cancel_all());
@@ -632,6 +644,13 @@ PyDoc_STRVAR(stress_cancel_doc,
 "were in progress. kpool calls it when the interpreter exits, so a run in a\n"
 "worker thread does not keep the process alive.");
 
+PyDoc_STRVAR(live_blocks_doc,
+"live_blocks($module, /)\n--\n\n"
+"How many kpool.Block objects hold memory now, as a tuple (heap, pool,\n"
+"arena): made by malloc(), BufferPool.acquire() and Arena.alloc(), and not\n"
+"yet released, collected or (arena blocks) reset. The pytest plugin's leak\n"
+"check reads it.");
+
 static PyMethodDef module_methods[] = {
     {"malloc", (PyCFunction)(void (*)(void))kpy_malloc, METH_FASTCALL | METH_KEYWORDS, malloc_doc},
     {"stats", (PyCFunction)(void (*)(void))kpy_stats, METH_NOARGS, stats_doc},
@@ -640,6 +659,7 @@ static PyMethodDef module_methods[] = {
     {"thread_flush", (PyCFunction)(void (*)(void))kpy_thread_flush, METH_NOARGS, thread_flush_doc},
     {"stress", (PyCFunction)(void (*)(void))kpy_stress, METH_VARARGS | METH_KEYWORDS, stress_doc},
     {"stress_cancel", (PyCFunction)(void (*)(void))kpy_stress_cancel, METH_NOARGS, stress_cancel_doc},
+    {"live_blocks", (PyCFunction)(void (*)(void))kpy_live_blocks, METH_NOARGS, live_blocks_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -721,6 +741,7 @@ static int module_exec(PyObject *m) {
 #endif
                                 ) < 0)
         return -1;
+    if (PyModule_AddObject(m, "TRACEMALLOC_DOMAIN", PyLong_FromUnsignedLong(KPY_TRACEMALLOC_DOMAIN)) < 0) return -1;
     if (PyModule_AddObject(m, "POOL_MAX_BLOCK", PyLong_FromSize_t(KP_POOL_MAX_BLOCK)) < 0) return -1;
     if (PyModule_AddObject(m, "POOL_MAX_ALIGN", PyLong_FromSize_t(KP_POOL_MAX_ALIGN)) < 0) return -1;
 #ifdef KPOOL_HAVE_STRESS
@@ -760,8 +781,9 @@ static void module_free(void *m) { module_clear((PyObject *)m); }
 static PyModuleDef_Slot module_slots[] = {
     {Py_mod_exec, (void *)module_exec},
 #ifdef Py_mod_gil
-    /* Not declared free-threading safe yet: a free-threaded interpreter keeps
-     * the GIL on while kpool._core is loaded (see kpy.h). */
+    /* Not free-threading safe: Block, BufferPool and Arena rely on the GIL
+     * (kpy.h lists how), so a free-threaded interpreter keeps the GIL on
+     * while kpool._core is loaded. */
     {Py_mod_gil, Py_MOD_GIL_USED},
 #endif
     {0, NULL},
