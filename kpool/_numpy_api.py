@@ -25,10 +25,13 @@ def _ext():
     except ImportError as exc:
         raise ImportError("kpool.numpy_handler() and kpool.use_for_numpy() need numpy (1.22 or newer): "
                           "pip install numpy") from exc
+    import importlib
+
+    name = __name__.rpartition(".")[0] + "._numpy"
     try:
-        from . import _numpy
+        _numpy = importlib.import_module(name)  # (`from . import` would hide the ModuleNotFoundError)
     except ModuleNotFoundError as exc:
-        if exc.name != __name__.rpartition(".")[0] + "._numpy":
+        if exc.name != name:
             raise
         raise ImportError("this kpool was built without numpy, so kpool._numpy is missing: reinstall it with "
                           "numpy available at build time (pip install kpool does that)") from exc

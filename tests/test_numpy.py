@@ -57,16 +57,26 @@ def test_arrays_made_inside_use_kpool_and_outside_do_not():
     assert (made[1] == 0).all() and (made[2] == 1).all() and made[5].size == 0
 
 
+def exact(snapshot):
+    """True if bytes_requested can be compared exactly in this process: no
+    free so far went without its size (kp_free, kp_realloc), else kpool
+    estimates the figure (and clamps it at 0)."""
+    return snapshot["requested_exact"]
+
+
 def test_arrays_made_inside_are_freed_by_kpool_outside(no_leak):
     """The array keeps its handler: freed after the block (and in another
-    thread) it goes back to kpool, and bytes_requested comes back exactly."""
+    thread) it goes back to kpool."""
     s0 = stats()
     with kpool.use_for_numpy():
         a = np.zeros(MiB // 8)        # calloc
         b = np.empty(3000, np.uint8)  # malloc
         c = np.ones(100)
     s1 = stats()
-    assert s1["bytes_requested"] - s0["bytes_requested"] == a.nbytes + b.nbytes + c.nbytes
+    assert s1["allocs"] - s0["allocs"] >= 3   # (np.ones may make a temporary too)
+    assert s1["bytes_in_use"] - s0["bytes_in_use"] >= a.nbytes + b.nbytes + c.nbytes
+    if exact(s0):
+        assert s1["bytes_requested"] - s0["bytes_requested"] == a.nbytes + b.nbytes + c.nbytes
     del a
     t = threading.Thread(target=lambda: b.__setitem__(slice(None), 7))
     t.start()
@@ -78,13 +88,15 @@ def test_arrays_made_inside_are_freed_by_kpool_outside(no_leak):
     t.join()
     del c
     s2 = stats()
-    assert s2["bytes_requested"] == s0["bytes_requested"]
+    assert s2["bytes_in_use"] == s0["bytes_in_use"]
     assert s2["frees"] - s1["frees"] == 3
+    if exact(s0):
+        assert s2["bytes_requested"] == s0["bytes_requested"]
 
 
 def test_stats_count_numpy_arrays():
     """allocs and frees count each array, bytes_in_use rises by at least the
-    bytes and falls back; the sized free keeps bytes_requested exact."""
+    bytes and falls back."""
     sizes = [64, 4096, 65536, MiB]
     s0 = stats()
     with kpool.use_for_numpy():
@@ -92,12 +104,37 @@ def test_stats_count_numpy_arrays():
     s1 = stats()
     assert s1["allocs"] - s0["allocs"] == len(arrays)
     assert s1["bytes_in_use"] - s0["bytes_in_use"] >= 2 * sum(sizes)
-    assert s1["bytes_requested"] - s0["bytes_requested"] == 2 * sum(sizes)
+    if exact(s0):
+        assert s1["bytes_requested"] - s0["bytes_requested"] == 2 * sum(sizes)
     del arrays
     s2 = stats()
     assert s2["frees"] - s1["frees"] == 2 * len(sizes)
     assert s2["bytes_in_use"] == s0["bytes_in_use"]
-    assert s2["bytes_requested"] == s0["bytes_requested"]
+    if exact(s0):
+        assert s2["bytes_requested"] == s0["bytes_requested"]
+
+
+def test_sized_frees_keep_bytes_requested_exact():
+    """In a fresh process (where no unsized free has made kpool estimate the
+    figure yet): numpy's frees tell kpool the size, so bytes_requested
+    follows the arrays' bytes exactly and requested_exact stays True."""
+    proc = run_python(
+        """
+        import gc, numpy as np, kpool
+        gc.collect()
+        s0 = kpool.stats()
+        with kpool.use_for_numpy():
+            arrays = [np.empty(n, np.uint8) for n in (1, 64, 1000, 4096, 65536, 1 << 20, 5 << 20)]
+            arrays += [np.zeros(n) for n in (3, 500, 70000)] + [np.ones((7, 9)), np.arange(1000) * 2]
+        s1 = kpool.stats()
+        nbytes = sum(a.nbytes for a in arrays)
+        del arrays
+        gc.collect()
+        s2 = kpool.stats()
+        print(s0["requested_exact"], s1["bytes_requested"] - s0["bytes_requested"] == nbytes,
+              s2["bytes_requested"] == s0["bytes_requested"], s2["requested_exact"])
+        """)
+    assert proc.stdout.split() == ["True"] * 4
 
 
 def test_resize_goes_through_kpool_realloc():
@@ -298,6 +335,26 @@ def test_import_kpool_without_numpy():
         print("numpy" in sys.modules, "kpool._numpy" in sys.modules)
         """)
     assert proc.stdout.split() == ["ImportError", "True", "ImportError", "True", "False", "False"]
+
+
+def test_kpool_built_without_numpy_says_so():
+    """A kpool built where numpy was missing has no kpool._numpy: the
+    functions say to reinstall with numpy at build time."""
+    proc = run_python(
+        """
+        import sys
+        class NoExtension:
+            def find_spec(self, name, path=None, target=None):
+                if name == "kpool._numpy":
+                    raise ModuleNotFoundError("No module named 'kpool._numpy'", name="kpool._numpy")
+        sys.meta_path.insert(0, NoExtension())
+        import kpool
+        try:
+            kpool.numpy_handler()
+        except ImportError as e:
+            print(type(e).__name__, "built without numpy" in str(e))
+        """)
+    assert proc.stdout.split() == ["ImportError", "True"]
 
 
 def test_extension_was_built_against_numpy_2():

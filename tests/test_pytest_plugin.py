@@ -208,14 +208,16 @@ def test_kpool_stats_fixture(pytester):
             b = kpool.malloc(5000)
             assert kpool_stats.live_blocks == 1 and kpool_stats.live_heap == 1
             assert kpool_stats.allocs >= 1 and kpool_stats.bytes_in_use >= 5000
-            assert kpool_stats.bytes_requested == 5000
+            exact = kpool_stats.before["requested_exact"]   # else kpool estimates bytes_requested
+            assert kpool_stats.bytes_requested == 5000 or not exact
             arena = kpool.Arena()
             a = arena.alloc(10)
             assert kpool_stats.delta()["live_arena"] == 1
             arena.reset()
             b.release()
             d = kpool_stats.delta()
-            assert d["live_blocks"] == 0 and d["bytes_requested"] == 0 and d["frees"] >= 1
+            assert d["live_blocks"] == 0 and d["bytes_in_use"] == 0 and d["frees"] >= 1
+            assert d["bytes_requested"] == 0 or not exact
             assert "classes" not in d and "version" not in d
             assert "KpoolStatsDelta" in repr(kpool_stats)
             kpool_stats.reset()
@@ -279,9 +281,11 @@ def test_plugin_reports_numpy_arrays_on_kpool(pytester):
         def test_arrays(kpool_stats):
             with kpool.use_for_numpy():
                 a = np.zeros(10000)
-            assert kpool_stats.allocs == 1 and kpool_stats.bytes_requested == a.nbytes
+            exact = kpool_stats.before["requested_exact"]
+            assert kpool_stats.allocs == 1 and kpool_stats.bytes_in_use >= a.nbytes
+            assert kpool_stats.bytes_requested == a.nbytes or not exact
             del a
-            assert kpool_stats.bytes_requested == 0
+            assert kpool_stats.bytes_in_use == 0 and kpool_stats.frees == 1
             assert kpool_stats.live_blocks == 0  # numpy arrays are not Blocks
         """)
     result = pytester.runpytest("--kpool-report")
@@ -298,3 +302,19 @@ def test_inline_and_outer_sessions_do_not_mix(pytester):
         r.assert_outcomes(passed=1)
         assert r.stdout.str().count("::test_x ") == 1
     assert sys.modules["kpool"] is kpool
+
+
+def test_xfail_that_leaks_is_not_failed(pytester):
+    """An expected failure's traceback may hold Blocks: reported, not failed."""
+    pytester.makepyfile(
+        """
+        import kpool
+        import pytest
+
+        @pytest.mark.xfail(strict=True)
+        def test_x():
+            b = kpool.malloc(10)
+            raise RuntimeError(b)
+        """)
+    result = pytester.runpytest("--kpool-fail-on-leak")
+    result.assert_outcomes(xfailed=1)
