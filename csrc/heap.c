@@ -307,11 +307,7 @@ static inline __attribute__((always_inline)) void *malloc_any(size_t size) {
     return large_alloc(size, KP_MIN_ALIGN, NULL);
 }
 
-void *kp_malloc(size_t size) {
-    void *p = malloc_any(size);
-    KP_VG(vg_alloc(p, 0));
-    return p;
-}
+void *kp_malloc(size_t size) { return VG_ALLOCED(malloc_any(size)); }
 
 void *kp_calloc(size_t count, size_t size) {
     size_t total;

@@ -55,8 +55,8 @@ static void report_foreign_at_exit(void) {
 /* The core's weak hook, defined here: set before any call can reach it. */
 void (*_kp_foreign_free_hook)(void *p) = hand_foreign_to_glibc;
 
+/* kpool itself initialises on the first call (or in its own constructor). */
 __attribute__((constructor)) static void preload_init(void) {
-    _kp_init();
     const char *show = getenv("KPOOL_STATS");
     if (show && *show && *show != '0') atexit(report_foreign_at_exit);
 }
@@ -149,16 +149,8 @@ EXPORT size_t malloc_usable_size(void *p) {
     return glibc_usable ? glibc_usable(p) : 0;
 }
 
-/* C23 */
-EXPORT void free_sized(void *p, size_t size) {
-    if (p && KP_UNLIKELY(!kp_owns(p))) {
-        int saved = errno;
-        hand_foreign_to_glibc(p);
-        errno = saved;
-    } else {
-        kp_free_sized(p, size);
-    }
-}
+/* C23. A foreign pointer reaches the core's foreign-free hook, as in free. */
+EXPORT void free_sized(void *p, size_t size) { kp_free_sized(p, size); }
 
 EXPORT void free_aligned_sized(void *p, size_t alignment, size_t size) {
     (void)alignment;
