@@ -218,14 +218,18 @@ print(json.dumps({"seconds": wall, "returncode": p.returncode, "peak_rss": ru.ru
 """
 
 
+def _program_env(cmd, preload):
+    """The measured program's environment: this one without kpool's or a
+    preload's settings, plus the workload's own, plus the allocator's preload."""
+    env = _bench._child_env(preload)
+    env.update(cmd.get("env") or {})
+    return env
+
+
 def _measure_server(cmd, preload, cwd, timeout):
     """A server under the allocator, a client (plain) against it: the client's
     wall time, the server's peak RSS (VmHWM) read before it is stopped."""
-    env = dict(os.environ)
-    env.pop("LD_PRELOAD", None)
-    env.pop("KPOOL_STATS", None)
-    if preload:
-        env["LD_PRELOAD"] = preload
+    env = _program_env(cmd, preload)
     sock = Path(cmd["socket"])
     if sock.exists():
         sock.unlink()
@@ -269,12 +273,7 @@ def _measure_server(cmd, preload, cwd, timeout):
 def _measure(cmd, preload, cwd, timeout):
     """One run, in a fresh helper process whose only child is the program:
     its RUSAGE_CHILDREN is that program's (largest process's) peak RSS."""
-    env = dict(os.environ)
-    env.pop("LD_PRELOAD", None)
-    env.pop("KPOOL_STATS", None)
-    env.update(cmd.get("env") or {})
-    if preload:
-        env["LD_PRELOAD"] = preload
+    env = _program_env(cmd, preload)
     spec = json.dumps({"args": cmd["args"], "env": env, "cwd": str(cwd)})
     clean = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "KPOOL_STATS", "PYTHONMALLOC")}
     try:
