@@ -60,6 +60,8 @@ static kp_span *new_span(kp_central *c, unsigned cls) {
     s->carved = 0;
     s->allocated = 0;
     s->freelist = s->freelist_tail = NULL;
+    s->mesh_primary = s->mesh_next = s->group_next = s->group_prev = NULL;
+    s->mesh_members = s->mesh_shared = s->mesh_split = 0;
 #if KP_DEBUG
     for (int i = 0; i < 8; i++) atomic_store(&s->live_bits[i], 0);
 #endif
@@ -146,6 +148,7 @@ static void return_to_spans(kp_central *c, void *head, unsigned n) {
             break;
         }
         head = _kp_next(obj);
+        if (s->mesh_primary) s = s->mesh_primary;   /* a meshed span's slots are its group's */
         _kp_set_next(obj, s->freelist);
         if (!s->freelist) s->freelist_tail = obj;
         s->freelist = obj;
@@ -156,6 +159,7 @@ static void return_to_spans(kp_central *c, void *head, unsigned n) {
             KP_STORE(c->free_objects, KP_LOAD(c->free_objects) + freed_objects - s->capacity);
             freed_objects = 0;
             KP_STORE(c->spans, KP_LOAD(c->spans) - 1);
+            if (s->mesh_members) _kp_mesh_undo(s);
             _kp_pageheap_free(s);
         } else if (!s->on_list) {
             partial_push(c, s);
@@ -185,6 +189,123 @@ void _kp_central_drain(unsigned cls) {
         return_to_spans(c, chain, _kp_classes[cls].batch);
     }
     _kp_unlock(&c->lock);
+}
+
+/* ---- meshing ------------------------------------------------------------------
+ * Candidates are the class's spans at most half full (a group's primary
+ * counts the group). Each one's live slots are every carved slot not on its
+ * free list: blocks in thread caches and transfer slots are live here, as
+ * their links are in them. Sources are taken sparsest first, each tried
+ * against up to KP_MESH_PROBES destinations from the fullest down; a source
+ * joins the first whose live slots it misses (Mesh's SplitMesher does the
+ * same with random pairs). A source is a span of no group. */
+typedef struct mesh_candidate {
+    kp_span *span;
+    uint32_t nlive;
+    uint32_t taken;               /* joined into another this round */
+    uint64_t live[8];
+} mesh_candidate;
+static mesh_candidate *candidates;              /* KP_MESH_CANDIDATES, under the mesh lock */
+static uint16_t order[KP_MESH_CANDIDATES];
+_Static_assert(KP_MESH_CANDIDATES <= 65536, "order holds an index");
+
+/* The slot index of obj, whichever member of a group it lies in. */
+static uint32_t slot_of(const void *obj, const kp_class_info *ci) {
+    kp_span *m = _kp_pagemap_get((uintptr_t)obj >> KP_PAGE_SHIFT);
+    uint64_t off = (uintptr_t)obj - (m->start << KP_PAGE_SHIFT);
+    return (uint32_t)((off * ci->recip) >> 32);
+}
+
+static uint32_t live_slots(const kp_span *s, const kp_class_info *ci, uint64_t live[8]) {
+    memset(live, 0, 8 * sizeof live[0]);
+    for (uint32_t i = 0; i < s->carved; i++) live[i / 64] |= (uint64_t)1 << (i % 64);
+    for (void *p = s->freelist; p; p = _kp_next(p)) {
+        uint32_t i = slot_of(p, ci);
+        live[i / 64] &= ~((uint64_t)1 << (i % 64));
+    }
+    return s->allocated;
+}
+
+static int disjoint(const uint64_t *a, const uint64_t *b) {
+    uint64_t both = 0;
+    for (int w = 0; w < 8; w++) both |= a[w] & b[w];
+    return both == 0;
+}
+
+/* src's slots are dst's group's now: dst's free list becomes every slot
+ * free in both, in address order. REQUIRES class lock. */
+static void merge_accounting(kp_central *c, const kp_class_info *ci, kp_span *dst, kp_span *src, const uint64_t *live) {
+    dst->allocated += src->allocated;
+    src->allocated = 0;
+    src->freelist = src->freelist_tail = NULL;
+    src->carved = src->capacity;
+    if (src->on_list) partial_remove(src);
+    char *base = (char *)(dst->start << KP_PAGE_SHIFT);
+    void *head = NULL, *tail = NULL;
+    for (uint32_t i = 0; i < dst->capacity; i++) {
+        if (live[i / 64] >> (i % 64) & 1) continue;
+        void *obj = base + (size_t)i * ci->size;
+        _kp_mark_free(obj);
+        if (tail) _kp_set_next(tail, obj);
+        else head = obj;
+        tail = obj;
+    }
+    if (tail) _kp_set_next(tail, NULL);
+    dst->freelist = head;
+    dst->freelist_tail = tail;
+    dst->carved = dst->capacity;
+    if (!head && dst->on_list) partial_remove(dst);
+    KP_STORE(c->free_objects, KP_LOAD(c->free_objects) - dst->capacity);
+    KP_STORE(c->spans, KP_LOAD(c->spans) - 1);
+}
+
+unsigned _kp_central_mesh(unsigned cls, unsigned max_joins, size_t min_free) {
+    kp_central *c = &centrals[cls];
+    const kp_class_info *ci = &_kp_classes[cls];
+    if (ci->objects < 4 || KP_LOAD(c->spans) < 2 || KP_LOAD(c->free_objects) * ci->size < min_free) return 0;
+    if (!candidates) {
+        candidates = _kp_os_map(KP_MESH_CANDIDATES * sizeof *candidates, 0);
+        if (!candidates) return 0;
+    }
+    unsigned joined = 0;
+    _kp_lock(&c->lock);
+    for (kp_span *next = partial_first(c); next && joined < max_joins;) {
+        unsigned n = 0;                                 /* a round: up to KP_MESH_CANDIDATES spans */
+        for (; next && next != &c->partial && n < KP_MESH_CANDIDATES; next = next->next) {
+            if (next->mesh_split || next->mesh_members >= KP_MESH_MAX_MEMBERS) continue;
+            mesh_candidate *m = &candidates[n++];
+            m->span = next;
+            m->taken = 0;
+            m->nlive = live_slots(next, ci, m->live);
+        }
+        if (next == &c->partial) next = NULL;
+        uint32_t first[512 + 2] = { 0 };                /* order: sparsest first (counting sort) */
+        for (unsigned i = 0; i < n; i++) first[candidates[i].nlive + 1]++;
+        for (unsigned v = 1; v < 512 + 2; v++) first[v] += first[v - 1];
+        for (unsigned i = 0; i < n; i++) order[first[candidates[i].nlive]++] = (uint16_t)i;
+        for (unsigned a = 0; a < n && joined < max_joins; a++) {
+            mesh_candidate *src = &candidates[order[a]];
+            if (src->taken || src->span->mesh_members || src->nlive * 2 > ci->objects) continue;
+            unsigned probes = 0;
+            for (unsigned b = n; b-- > a + 1 && probes < KP_MESH_PROBES;) {
+                mesh_candidate *dst = &candidates[order[b]];
+                if (dst->taken || dst->span->mesh_members >= KP_MESH_MAX_MEMBERS) continue;
+                probes++;
+                if (dst->nlive + src->nlive > ci->objects || !disjoint(dst->live, src->live)) continue;
+                if (_kp_mesh_join(dst->span, src->span, src->live) != 0) goto out;
+                for (int w = 0; w < 8; w++) dst->live[w] |= src->live[w];
+                dst->nlive += src->nlive;
+                merge_accounting(c, ci, dst->span, src->span, dst->live);
+                src->taken = 1;
+                joined++;
+                break;
+            }
+        }
+        /* Spans joined this round left the partial list; `next` was not one of them. */
+    }
+out:
+    _kp_unlock(&c->lock);
+    return joined;
 }
 
 int _kp_central_is_valid(unsigned cls) {

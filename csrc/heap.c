@@ -506,5 +506,6 @@ size_t kp_trim(void) {
     _kp_init();
     kp_thread_flush();
     for (unsigned c = 1; c < KP_NUM_CLASSES; c++) _kp_central_drain(c);
-    return _kp_pageheap_trim();
+    size_t meshed = _kp_mesh_all();   /* before the page heap's trim: joins free no spans, undos do */
+    return meshed + _kp_pageheap_trim();
 }

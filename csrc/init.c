@@ -30,6 +30,7 @@ static void fork_prepare(void) {
     _kp_stats_fork_lock();
     _kp_pools_lock_all();
     _kp_registry_lock();
+    _kp_mesh_fork_prepare();     /* meshed pages become private: fork would share them */
     for (unsigned c = 0; c < KP_NUM_CLASSES; c++) _kp_lock(&_kp_central(c)->lock);
     _kp_lock(_kp_pageheap_lock());
     _kp_lock(_kp_meta_lock());
@@ -39,6 +40,7 @@ static void fork_parent(void) {
     _kp_unlock(_kp_meta_lock());
     _kp_unlock(_kp_pageheap_lock());
     for (unsigned c = KP_NUM_CLASSES; c-- > 0;) _kp_unlock(&_kp_central(c)->lock);
+    _kp_mesh_fork_release();
     _kp_registry_unlock();
     _kp_pools_unlock_all();
     _kp_stats_fork_unlock();
@@ -151,6 +153,7 @@ static void init_once_body(void) {
     _kp_pagemap_init();
     _kp_sizeclass_init();
     _kp_pageheap_init();
+    _kp_mesh_init();
     _kp_tcache_pool_hook = _kp_pool_thread_flush;
     /* The heap works from here on. pthread_atfork and atexit may call
      * malloc, which is kpool's own under a preload: such a call must find

@@ -6,6 +6,7 @@
  *   1. pool registry lock       (pool.c: slot table of live pools)
  *   2. a pool's lock            (pool.c: its chunks and bounded free list)
  *   3. thread registry lock     (tcache.c: the list of thread caches)
+ *   3a. the mesh lock           (mesh.c: one meshing pass at a time)
  *   4. a central class lock     (central.c: one per size class)
  *   5. the page heap lock       (pageheap.c; pagemap writes happen under it)
  *   6. the metadata lock        (os.c: span and cache structs)
@@ -266,6 +267,32 @@ KP_INTERNAL void _kp_central_return(unsigned cls, void *head, unsigned n);
 /* Empty the transfer slots into the spans (kp_trim). */
 KP_INTERNAL void _kp_central_drain(unsigned cls);
 KP_INTERNAL int _kp_central_is_valid(unsigned cls);
+
+/* Meshing (central.c picks, mesh.c maps). REQUIRES mesh lock: join up to
+ * max_joins sparse spans of cls into others whose live slots they miss,
+ * unless the class's spans hold less than min_free bytes free; the number
+ * joined. */
+KP_INTERNAL unsigned _kp_central_mesh(unsigned cls, unsigned max_joins, size_t min_free);
+
+/* ---- mesh.c -------------------------------------------------------------------- */
+KP_INTERNAL extern int _kp_mesh_on;        /* written once: at init (KPOOL_MESH=1) or by _kp_mesh_start */
+KP_INTERNAL void _kp_mesh_init(void);
+KP_INTERNAL int _kp_mesh_start(void);       /* turn meshing on; 0, or -1 with errno */
+KP_INTERNAL kp_lock *_kp_mesh_lock(void);
+/* REQUIRES mesh lock and the class lock. Copy src's live slots (src_live)
+ * into dst's page and map that page over src; 0, or -1 with nothing changed
+ * (out of mappings or memory). The caller moves the accounting. */
+KP_INTERNAL int _kp_mesh_join(kp_span *dst, kp_span *src, const uint64_t *src_live);
+/* REQUIRES class lock; p a group's primary with no block out: give every
+ * member private pages again, free the aliases to the page heap (the caller
+ * frees p). */
+KP_INTERNAL void _kp_mesh_undo(kp_span *p);
+KP_INTERNAL size_t _kp_mesh_all(void);      /* kp_trim: mesh every class; bytes given back */
+KP_INTERNAL void _kp_mesh_tick(void);       /* the decay path: a bounded pass, at most every KP_MESH_PERIOD_MS */
+KP_INTERNAL void _kp_mesh_fork_prepare(void);   /* takes the mesh lock, makes every group private */
+KP_INTERNAL void _kp_mesh_fork_release(void);
+KP_INTERNAL void _kp_mesh_figures(size_t *bytes_meshed, uint64_t *meshes);
+KP_INTERNAL uint64_t _kp_mesh_fault_waits(void);   /* writes that waited for a mesh window */
 
 /* ---- tcache.c ---------------------------------------------------------------- */
 /* Every thread's cache pointer starts at (and returns to, at exit) the empty

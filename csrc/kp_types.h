@@ -34,6 +34,10 @@
 #ifndef KP_HARDEN
 #define KP_HARDEN 1
 #endif
+/* Meshing (mesh.c): compiled in by default, on at run time with KPOOL_MESH=1. */
+#ifndef KP_MESH
+#define KP_MESH 1
+#endif
 #ifndef KP_HARDEN_LINKS
 #define KP_HARDEN_LINKS KP_HARDEN   /* free-list links stored encoded, checked when followed */
 #endif
@@ -88,6 +92,14 @@ _Static_assert(KP_SMALL_MAX % KP_COARSE_STEP == 0, "coarse lookup covers the sma
 #define KP_RECENT_MAX_PAGES 1024               /* ... of at most 8 MiB each */
 #define KP_RECENT_BYTES ((size_t)16 << 20)     /* ... and this much in all */
 _Static_assert(KP_RECENT_MAX_PAGES * KP_PAGE_SIZE <= KP_RECENT_BYTES, "a kept span fits the budget");
+
+/* ---- meshing ------------------------------------------------------------- */
+#define KP_MESH_MAX_MEMBERS 32                 /* spans sharing one physical page at most */
+#define KP_MESH_CANDIDATES 2048                /* spans of a class looked at per round */
+#define KP_MESH_PROBES 512                      /* destinations tried per source */
+#define KP_MESH_PERIOD_MS 100                  /* the decay path meshes at most this often */
+#define KP_MESH_TICK_JOINS 512                 /* ... and at most this many spans each time */
+#define KP_MESH_MIN_FREE ((size_t)1 << 20)     /* a class with less free in its spans is skipped */
 
 /* ---- thread cache -------------------------------------------------------- */
 /* The byte budget of one thread's lists: an even share of
@@ -164,6 +176,16 @@ typedef struct kp_span {
     uint8_t on_list;              /* SMALL: in the central partial list */
     uint8_t guarded;              /* LARGE: a KPOOL_GUARD block, its own mapping; freelist
                                      holds the block, the page after the span is inaccessible */
+    /* Meshing (mesh.c). A group is a primary SMALL span and the aliases
+     * meshed into it: every member's pages show one physical page, and the
+     * primary's freelist, allocated and carved are the group's. */
+    struct kp_span *mesh_primary;  /* alias: its group's primary (NULL: not an alias) */
+    struct kp_span *mesh_next;     /* primary and aliases: the group's next alias */
+    struct kp_span *group_next, *group_prev; /* primary of a group: its class's group list */
+    uint8_t mesh_members;          /* primary: spans in the group, itself included (0: no group) */
+    uint8_t mesh_shared;           /* primary: the members map its memfd page */
+    uint8_t mesh_split;            /* primary: members hold private copies (after fork); not meshed again */
+    _Atomic uint8_t mesh_busy;     /* write-protected by a mesh operation now: a fault waits */
 #if KP_DEBUG
     _Atomic uint64_t live_bits[8]; /* SMALL: one bit per object handed to a user */
 #endif

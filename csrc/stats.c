@@ -29,6 +29,8 @@ typedef struct counters {
     size_t large_bytes, large_requested;
     uint64_t large_allocs, large_frees, grows, os_releases;
     uint64_t lock_acquires, lock_contended, lock_wait_ns;
+    size_t meshed_bytes;
+    uint64_t meshes;
 } counters;
 
 static pthread_mutex_t baseline_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -52,6 +54,8 @@ static void collect(counters *c) {
     add_lock(c, _kp_pageheap_lock());
     add_lock(c, _kp_meta_lock());
     add_lock(c, _kp_registry_lock_ptr());
+    add_lock(c, _kp_mesh_lock());
+    _kp_mesh_figures(&c->meshed_bytes, &c->meshes);
     _kp_pageheap_figures(&c->ph);
     c->large_bytes = c->ph.large_bytes;
     c->large_requested = c->ph.large_requested;
@@ -126,7 +130,10 @@ int kp_stats_get(kp_stats *out) {
     st->bytes_free_pageheap = ph.free_bytes;
     st->bytes_metadata = _kp_meta_bytes() + _kp_pagemap_bytes();
     st->largest_free_span = ph.largest_free;
-    st->bytes_small_spans = ph.state_bytes[KP_SPAN_SMALL];
+    st->bytes_meshed = now.meshed_bytes;
+    st->meshes = since(now.meshes, base.meshes);
+    if (st->bytes_meshed > ph.state_bytes[KP_SPAN_SMALL]) st->bytes_meshed = ph.state_bytes[KP_SPAN_SMALL];
+    st->bytes_small_spans = ph.state_bytes[KP_SPAN_SMALL] - st->bytes_meshed;
     st->bytes_span_waste = st->bytes_small_spans > capacity_bytes ? st->bytes_small_spans - capacity_bytes : 0;
     st->bytes_large = ph.state_bytes[KP_SPAN_LARGE];
     st->bytes_pools = ph.state_bytes[KP_SPAN_POOL];

@@ -192,6 +192,7 @@ static int grow(kp_tcache *tc, unsigned cls) {
 void *_kp_tcache_refill(kp_tcache *tc, unsigned cls) {
     kp_tlist *l = &tc->lists[cls];
     _kp_pageheap_tick();
+    if (_kp_mesh_on) _kp_mesh_tick();
     unsigned want = _kp_classes[cls].batch;
     if (l->max + 1 < want && !grow(tc, cls)) want = l->max + 1;
     if (want > l->max + 1) want = l->max + 1;
@@ -210,6 +211,7 @@ void *_kp_tcache_refill(kp_tcache *tc, unsigned cls) {
 void _kp_tcache_overflow(kp_tcache *tc, unsigned cls) {
     kp_tlist *l = &tc->lists[cls];
     _kp_pageheap_tick();         /* idle pages go back even when nothing else reaches the page heap */
+    if (_kp_mesh_on) _kp_mesh_tick();
     if (KP_LOAD(l->count) <= l->max || grow(tc, cls)) return;
     unsigned n = KP_LOAD(l->count) - l->max;
     unsigned batch = _kp_classes[cls].batch;

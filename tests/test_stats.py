@@ -48,7 +48,7 @@ def test_size_class_steps():
 def test_mapped_memory_is_accounted_for():
     keep = [kpool.malloc(s) for s in (10, 100, 1000, 10000, 100000, 1 << 20)]
     s = kpool.stats()
-    parts = (s["bytes_small_spans"] + s["bytes_large"] + s["bytes_pools"] + s["bytes_arenas"]
+    parts = (s["bytes_small_spans"] + s["bytes_meshed"] + s["bytes_large"] + s["bytes_pools"] + s["bytes_arenas"]
              + s["bytes_free_pageheap"] + s["bytes_released"])
     assert parts == s["bytes_mapped"]
     del keep

@@ -237,7 +237,7 @@ KP_API size_t kp_arena_reserved(const kp_arena *arena);  /* bytes of chunks held
 /* ------------------------------------------------------------------------
  * Statistics
  * ---------------------------------------------------------------------- */
-#define KP_STATS_VERSION 2
+#define KP_STATS_VERSION 3
 #define KP_STATS_MAX_CLASSES 160
 
 typedef struct kp_class_stats {
@@ -275,8 +275,8 @@ typedef struct kp_stats {
     size_t bytes_large;          /* bytes of spans holding one large block each */
     size_t bytes_pools;          /* bytes of kp_pool chunks */
     size_t bytes_arenas;         /* bytes of kp_arena chunks */
-    /* bytes_mapped == bytes_small_spans + bytes_large + bytes_pools + bytes_arenas
-     *                 + bytes_free_pageheap + bytes_released, and
+    /* bytes_mapped == bytes_small_spans + bytes_meshed + bytes_large + bytes_pools
+     *                 + bytes_arenas + bytes_free_pageheap + bytes_released, and
      * bytes_small_spans == small bytes in use + bytes_free_tcaches
      *                      + bytes_free_central + bytes_span_waste */
     size_t largest_free_span;    /* bytes of the largest free, unreleased span */
@@ -305,6 +305,11 @@ typedef struct kp_stats {
     uint32_t tcaches_unavailable;  /* 1 if no pthread key could be made for kpool
                                       (the process used all PTHREAD_KEYS_MAX): every
                                       thread then runs uncached, through the shared lists */
+    /* version 3 */
+    size_t bytes_meshed;         /* bytes of small spans whose pages show another span's
+                                    physical page (meshing, KPOOL_MESH=1): address space
+                                    that costs no memory; not in bytes_small_spans */
+    uint64_t meshes;             /* spans meshed into another (event counter) */
 } kp_stats;
 
 /* 0 on success; -1 with errno EINVAL if out is NULL or out->struct_size is

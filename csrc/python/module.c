@@ -261,6 +261,7 @@ static PyObject *stats_dict(void) {
         U64(allocs) || U64(frees) || U64(tcache_hits) || U64(tcache_misses) || U64(central_fetches) ||
         U64(central_returns) || U64(pageheap_grows) || U64(large_allocs) || U64(lock_acquires) ||
         U64(lock_contended) || U64(lock_wait_ns) || U64(os_releases) || U64(uncached_ops) ||
+        SZ(bytes_meshed) || U64(meshes) ||
         kpy_dict_steal(d, "tcaches_unavailable", PyBool_FromLong(st->tcaches_unavailable)) < 0 ||
         DBL(internal_fragmentation) || DBL(external_fragmentation))
         goto fail;

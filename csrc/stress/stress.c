@@ -172,8 +172,9 @@ struct kps_run {
     /* filled by thread 0 between barriers, read after join */
     long rss_base, rss_full, rss_free, rss_1s, rss_trim;
     long frag_rss[4];
+    uint64_t frag_trim_ns;     /* frag: time the trim call took (with the RSS reading) */
     size_t trim_bytes;
-    const char *trim_kind;     /* "kp_trim", "malloc_trim" or NULL */
+    const char *trim_kind;     /* the call trim_heap made, or NULL */
     char preload[160];
     kp_stats *st0;             /* kpool stats at start (libc malloc'd) */
 };
@@ -224,10 +225,21 @@ static void prefault(void *p, size_t bytes) {
     for (size_t i = 0; i < bytes; i += (size_t)pg) b[i] = 0;
 }
 
-/* Bytes resident now (/proc/self/statm), -1 if unreadable. No allocation. */
+/* Bytes resident now, -1 if unreadable. No allocation. The proportional
+ * figure (smaps_rollup's Pss), where the kernel has it: a page mapped at two
+ * addresses costs one page, and statm's resident count would count it twice
+ * (kpool's meshing maps one physical page at several addresses). For the
+ * private anonymous memory of the other allocators the two agree. */
 static long rss_now(void) {
-    char buf[128];
-    int fd = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
+    char buf[4096];
+    int fd = open("/proc/self/smaps_rollup", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        ssize_t k = read(fd, buf, sizeof buf - 1);
+        close(fd);
+        char *pss = k > 0 ? (buf[k] = 0, strstr(buf, "\nPss:")) : NULL;
+        if (pss) return strtol(pss + 5, NULL, 10) * 1024;
+    }
+    fd = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
     if (fd < 0) return -1;
     ssize_t k = read(fd, buf, sizeof buf - 1);
     close(fd);
@@ -776,20 +788,38 @@ KPS_INLINE void run_prodcons(kps_thread *t, const int verify) {
 /* ------------------------------------------------------------------------
  * burst: allocate burst_bytes of 64..4096 B blocks, free them all, watch RSS
  * ---------------------------------------------------------------------- */
-static void trim_after_burst(kps_run *r) {
+/* Give idle memory back each allocator's own way: kp_trim (which meshes
+ * too, where meshing is on), mimalloc's mi_collect(true), tcmalloc's
+ * MallocExtension_ReleaseFreeMemory, jemalloc's arena purge, else
+ * malloc_trim (glibc's, or the kpool drop-in's). Sets trim_kind and returns
+ * the RSS after. */
+static void *peer_symbol(const char *name) { return dlsym(RTLD_DEFAULT, name); }
+static long trim_heap(kps_run *r) {
+    void *sym;
     if (r->al == AL_KPOOL) {
         r->trim_bytes = kp_trim();
         r->trim_kind = "kp_trim";
-    } else if (r->al == AL_SYSTEM && !r->preload[0]) {
-        int (*mt)(size_t) = NULL;
-        void *sym = dlsym(RTLD_DEFAULT, "malloc_trim");
+    } else if ((sym = peer_symbol("mi_collect"))) {
+        void (*collect)(_Bool);
+        memcpy(&collect, &sym, sizeof collect);
+        collect(1);
+        r->trim_kind = "mi_collect";
+    } else if ((sym = peer_symbol("MallocExtension_ReleaseFreeMemory"))) {
+        void (*release)(void);
+        memcpy(&release, &sym, sizeof release);
+        release();
+        r->trim_kind = "MallocExtension_ReleaseFreeMemory";
+    } else if ((sym = peer_symbol("mallctl"))) {
+        int (*ctl)(const char *, void *, size_t *, void *, size_t);
+        memcpy(&ctl, &sym, sizeof ctl);
+        if (ctl("arena.4096.purge", NULL, NULL, NULL, 0) == 0) r->trim_kind = "mallctl arena.<all>.purge";
+    } else if ((sym = peer_symbol("malloc_trim"))) {
+        int (*mt)(size_t);
         memcpy(&mt, &sym, sizeof mt);
-        if (mt) {
-            mt(0);
-            r->trim_kind = "malloc_trim";
-        }
+        mt(0);
+        r->trim_kind = "malloc_trim";
     }
-    if (r->trim_kind) r->rss_trim = rss_now();
+    return r->trim_kind ? rss_now() : -1;
 }
 
 KPS_INLINE void run_burst(kps_thread *t, const int verify) {
@@ -833,7 +863,7 @@ KPS_INLINE void run_burst(kps_thread *t, const int verify) {
             nanosleep(&ts, NULL);
         }
         r->rss_1s = rss_now();
-        trim_after_burst(r);
+        r->rss_trim = trim_heap(r);
     }
 }
 
@@ -898,6 +928,12 @@ KPS_INLINE void run_frag(kps_thread *t, const int verify) {
     t->t_end = t->t_phase[3] = now_ns();
     bar_wait(r);
     if (t->id == 0) r->frag_rss[2] = rss_now();
+    bar_wait(r);
+    if (t->id == 0) {                                           /* 4: trim (kpool: mesh) */
+        uint64_t t0 = now_ns();
+        r->frag_rss[3] = trim_heap(r);
+        r->frag_trim_ns = now_ns() - t0;
+    }
     bar_wait(r);
     for (i = 0; i < n1; i++)
         if (s[i].p) put_block(t, vt, s[i].p, s[i].n, verify);
@@ -1396,6 +1432,14 @@ char *kps_finish(kps_run *r) {
             sb_printf(&b, ",\"frag_live_%s\":%zu,\"frag_ratio_%s\":%.4f", ph[j], live[j], ph[j],
                       ratio(r->frag_rss[j], r->rss_base, live[j]));
         }
+        if (r->trim_kind) {      /* the same live bytes as after the refill */
+            sb_rss(&b, "frag_rss_trim", r->frag_rss[3]);
+            sb_printf(&b, ",\"frag_ratio_trim\":%.4f", ratio(r->frag_rss[3], r->rss_base, live[2]));
+        } else {
+            sb_printf(&b, ",\"frag_rss_trim\":null,\"frag_ratio_trim\":null");
+        }
+        sb_printf(&b, ",\"frag_trim_seconds\":%.6f,\"frag_trim\":", (double)r->frag_trim_ns / 1e9);
+        sb_str(&b, r->trim_kind);
     }
     if (r->al == AL_KPOOL && r->st0) {
         kp_stats *s1 = calloc(1, sizeof(kp_stats));

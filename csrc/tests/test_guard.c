@@ -138,7 +138,7 @@ static void test_guarded_blocks_work_like_any_other(void) {
     CHECK(zero);
     kp_free(z);
     kp_stats_get(&st);
-    size_t sum = st.bytes_small_spans + st.bytes_large + st.bytes_pools + st.bytes_arenas + st.bytes_free_pageheap +
+    size_t sum = st.bytes_small_spans + st.bytes_meshed + st.bytes_large + st.bytes_pools + st.bytes_arenas + st.bytes_free_pageheap +
                  st.bytes_released;
     CHECK_EQ(sum, st.bytes_mapped);
     for (int i = 0; i < N; i++) kp_free(v[i]);

@@ -248,7 +248,7 @@ static void test_bytes_mapped_is_accounted_for(void) {
     kp_arena_alloc(ar, 100, 16);
     void *big = kp_malloc(1 << 20);
     kp_stats s = snap();
-    size_t sum = s.bytes_small_spans + s.bytes_large + s.bytes_pools + s.bytes_arenas + s.bytes_free_pageheap +
+    size_t sum = s.bytes_small_spans + s.bytes_meshed + s.bytes_large + s.bytes_pools + s.bytes_arenas + s.bytes_free_pageheap +
                  s.bytes_released;
     CHECK_EQ(sum, s.bytes_mapped);
     CHECK(s.bytes_pools > 0 && s.bytes_arenas > 0 && s.bytes_large >= (1 << 20));

@@ -1,0 +1,392 @@
+/* mesh.c: meshing. Give back the physical pages of sparse small spans
+ * without moving any object (Mesh: Powers, Tench, Berger and McGregor,
+ * PLDI 2019).
+ *
+ * Job: two spans of one size class whose live slots do not overlap can
+ * share one physical page: the source's live objects are copied into the
+ * destination's page at the same offsets, and the source's address range is
+ * mapped onto that page. Every pointer stays valid; the source's own page
+ * goes back to the OS. central.c picks the pairs (from the spans' free
+ * lists) and keeps the accounting; this file does the page work, the fault
+ * handler, fork and the figures.
+ *
+ * Design:
+ *  - A span is ordinary anonymous memory until it is meshed. A group's page
+ *    lives in one memfd at the file offset equal to its primary's address:
+ *    the file is sparse (only pages in use cost memory), and an address is
+ *    never the offset of two groups, so offsets need no allocator.
+ *  - A group is a primary span and up to KP_MESH_MAX_MEMBERS - 1 aliases.
+ *    The primary's free list, allocated and carved are the group's (each
+ *    slot index is on the free list, or live through exactly one member,
+ *    so no physical slot is handed out twice); aliases stay SMALL in the
+ *    pagemap, are never on the partial list, and point at their primary.
+ *  - join(dst, src): if dst's page is still anonymous it first moves into
+ *    the memfd (write-protect dst, copy it into its file page, mremap the
+ *    file page over it). Then src is write-protected, its live slots are
+ *    copied into the group's page, and the file page is mapped over src
+ *    (MAP_FIXED replaces the mapping in one step; src's pages are freed).
+ *  - Writers during the copy: a write to a write-protected span faults; the
+ *    SIGSEGV handler sees the span's mesh_busy flag, waits until the span is
+ *    remapped, and returns, and the write is retried on the new mapping. No
+ *    write is lost and none lands on the old page after its copy. Reads
+ *    never fault. Slots the copy writes into are free in the group: only
+ *    the holder of the class lock touches them.
+ *  - The kernel does not fault: a system call that writes into a block of
+ *    a span during its window (microseconds) fails with EFAULT. That, and a
+ *    SIGSEGV handler installed while meshing, are why KPOOL_MESH=1 turns
+ *    meshing on and the default leaves it off.
+ *  - fork(): a shared page would be shared with the child. The prepare
+ *    handler gives every member of every group a private copy (write-
+ *    protect, copy, mremap an anonymous copy over it). The group keeps
+ *    working (its free list still names each slot once) but is never
+ *    meshed again; it dissolves when its last block is freed.
+ *  - When a group's last block is freed, every member gets fresh private
+ *    zero pages again, the file page is punched out, and the spans go back
+ *    to the page heap.
+ *  - Each member maps a file page of its own: up to 3 kernel mappings
+ *    (VMAs) each. Meshing stops at a quarter of vm.max_map_count members.
+ * Accounting: bytes_meshed = pages of aliases (address space that shares a
+ *   primary's physical page); meshes counts joins.
+ * Locks: the mesh lock, between the thread registry lock and the class
+ *   locks in the order, is held by a pass (one at a time) and by fork's
+ *   prepare handler; the class lock of a span is held while it is joined,
+ *   split or undone. The fault handler takes no lock.
+ */
+#include "kp_internal.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+int _kp_mesh_on;
+static int memfd = -1;
+static kp_lock mesh_lock = { .mutex = PTHREAD_MUTEX_INITIALIZER };
+static _Atomic size_t meshed_bytes;        /* pages of aliases */
+static _Atomic size_t mapped_members;      /* members mapping a file page now */
+static size_t max_members;                 /* the VMA budget, in members */
+static _Atomic uint64_t joins, windows;    /* windows: write-protect windows closed */
+static _Atomic uint64_t fault_waits;       /* writes that waited for a window (tests read it) */
+static kp_span *groups[KP_NUM_CLASSES];    /* primaries of groups, under the class lock */
+
+kp_lock *_kp_mesh_lock(void) { return &mesh_lock; }
+
+static size_t span_bytes(const kp_span *s) { return s->npages * KP_PAGE_SIZE; }
+static void *span_addr(const kp_span *s) { return (void *)(s->start << KP_PAGE_SHIFT); }
+static off_t file_offset(const kp_span *primary) { return (off_t)(primary->start << KP_PAGE_SHIFT); }
+
+/* ---- start ------------------------------------------------------------------- */
+static size_t read_max_map_count(void) {
+    char buf[32];
+    int fd = open("/proc/sys/vm/max_map_count", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 65530;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return 65530;
+    buf[n] = 0;
+    long v = strtol(buf, NULL, 10);
+    return v > 0 ? (size_t)v : 65530;
+}
+
+int _kp_mesh_start(void) {
+#if KP_MESH
+    if (_kp_mesh_on) return 0;
+    int fd = memfd_create("kpool-mesh", MFD_CLOEXEC);
+    if (fd < 0) return -1;
+    if (ftruncate(fd, (off_t)1 << (KP_ADDRESS_BITS - 1)) != 0) {   /* every user-space address is an offset */
+        close(fd);
+        return -1;
+    }
+    memfd = fd;
+    max_members = read_max_map_count() / 4;
+    _kp_mesh_on = 1;
+    return 0;
+#else
+    errno = ENOSYS;
+    return -1;
+#endif
+}
+
+void _kp_mesh_init(void) {
+    const char *env = getenv("KPOOL_MESH");
+    if (env && env[0] == '1' && env[1] == 0) (void)_kp_mesh_start();
+}
+
+/* ---- the fault handler ----------------------------------------------------------- */
+static struct sigaction prev_action;
+static __thread uintptr_t retry_addr __attribute__((tls_model("initial-exec")));
+static __thread uint64_t retry_windows __attribute__((tls_model("initial-exec")));
+
+/* A write to a span in a mesh window waits for the window to close and is
+ * retried. A fault just after a window closed (the handler ran late) is
+ * retried once. Anything else goes to the handler that was there before. */
+static void on_fault(int sig, siginfo_t *si, void *ctx) {
+    (void)ctx;
+    int saved_errno = errno;
+    if (si->si_code > 0) {   /* raised by the MMU, not by kill() */
+        uintptr_t at = (uintptr_t)si->si_addr;
+        kp_span *s = _kp_pagemap_get(at >> KP_PAGE_SHIFT);
+        if (s && s->state == KP_SPAN_SMALL) {
+            if (atomic_load_explicit(&s->mesh_busy, memory_order_acquire)) {
+                atomic_fetch_add_explicit(&fault_waits, 1, memory_order_relaxed);
+                for (unsigned k = 0; atomic_load_explicit(&s->mesh_busy, memory_order_acquire); k++)
+                    if (k > 100) sched_yield();
+                errno = saved_errno;
+                return;
+            }
+            uint64_t w = atomic_load_explicit(&windows, memory_order_acquire);
+            if (retry_addr != at || retry_windows != w) {
+                retry_addr = at;
+                retry_windows = w;
+                errno = saved_errno;
+                return;
+            }
+        }
+    }
+    sigaction(SIGSEGV, &prev_action, NULL);   /* the fault repeats under the old handler */
+    if (si->si_code <= 0) raise(sig);
+    errno = saved_errno;
+}
+
+/* REQUIRES mesh lock. Put the handler on top (again, if a program or a
+ * library such as Python's faulthandler installed its own since). */
+static void ensure_handler(void) {
+    struct sigaction cur;
+    if (sigaction(SIGSEGV, NULL, &cur) == 0 && (cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == on_fault) return;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_fault;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGSEGV, &sa, &prev_action);
+}
+
+/* ---- page work ------------------------------------------------------------------- */
+/* Copies of memory other threads may have written just before it was
+ * write-protected: the protection (a TLB shootdown) orders those writes
+ * before the copy, which ThreadSanitizer cannot see, so the loop is not
+ * instrumented; volatile keeps the compiler from calling memcpy (which the
+ * sanitizers intercept). Free blocks are inaccessible to memcheck. */
+__attribute__((no_sanitize_thread)) static void copy_words(void *dst, const void *src, size_t n) {
+    volatile uint64_t *d = dst;
+    const volatile uint64_t *s = src;
+    KP_VG_QUIET_BEGIN();
+    for (size_t i = 0; i < n / 8; i++) d[i] = s[i];
+    KP_VG_QUIET_END();
+}
+
+/* The remaps keep what the memory holds, so they bypass the sanitizers'
+ * mmap interceptors, which take a mapping for fresh memory written by the
+ * caller (ThreadSanitizer would report every later access by another
+ * thread as racing with it). */
+static void *remap_fixed(void *at, size_t len, int flags, int fd, off_t off) {
+    long r = syscall(SYS_mmap, at, len, PROT_READ | PROT_WRITE, flags | MAP_FIXED, fd, off);
+    return r == -1 ? MAP_FAILED : (void *)r;
+}
+static void *move_fixed(void *from, size_t len, void *to) {
+    long r = syscall(SYS_mremap, from, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, to);
+    return r == -1 ? MAP_FAILED : (void *)r;
+}
+
+static int window_open(kp_span *s) {
+    atomic_store(&s->mesh_busy, 1);
+    if (mprotect(span_addr(s), span_bytes(s), PROT_READ) == 0) return 0;
+    atomic_store(&s->mesh_busy, 0);
+    return -1;
+}
+
+static void window_close(kp_span *s) {
+    atomic_fetch_add_explicit(&windows, 1, memory_order_release);
+    atomic_store_explicit(&s->mesh_busy, 0, memory_order_release);
+}
+
+/* Map primary's file page over s's range (s may be the primary). */
+static int map_file_page(kp_span *s, const kp_span *primary) {
+    void *at = span_addr(s);
+    return remap_fixed(at, span_bytes(s), MAP_SHARED, memfd, file_offset(primary)) == at ? 0 : -1;
+}
+
+/* Give s's range private memory again: fresh zero pages, or (copy) a
+ * private copy of what it shows now. */
+static int map_private(kp_span *s, int copy) {
+    void *at = span_addr(s);
+    size_t len = span_bytes(s);
+    if (!copy) return remap_fixed(at, len, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0) == at ? 0 : -1;
+    void *tmp = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (tmp == MAP_FAILED) return -1;
+    copy_words(tmp, at, len);
+    if (move_fixed(tmp, len, at) == at) return 0;
+    munmap(tmp, len);
+    return -1;
+}
+
+static void punch(const kp_span *primary) {
+    (void)fallocate(memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, file_offset(primary), (off_t)span_bytes(primary));
+}
+
+static void group_link(kp_span *p) {
+    unsigned cls = p->sizeclass;
+    p->group_prev = NULL;
+    p->group_next = groups[cls];
+    if (groups[cls]) groups[cls]->group_prev = p;
+    groups[cls] = p;
+}
+
+static void group_unlink(kp_span *p) {
+    if (p->group_prev) p->group_prev->group_next = p->group_next;
+    else groups[p->sizeclass] = p->group_next;
+    if (p->group_next) p->group_next->group_prev = p->group_prev;
+    p->group_next = p->group_prev = NULL;
+}
+
+/* Move dst's page into the memfd, under write protection. */
+static int share(kp_span *dst) {
+    size_t len = span_bytes(dst);
+    void *tmp = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, file_offset(dst));
+    if (tmp == MAP_FAILED) return -1;
+    if (window_open(dst) != 0) {
+        munmap(tmp, len);
+        return -1;
+    }
+    copy_words(tmp, span_addr(dst), len);
+    int ok = move_fixed(tmp, len, span_addr(dst)) == span_addr(dst);
+    if (!ok) {
+        mprotect(span_addr(dst), len, PROT_READ | PROT_WRITE);
+        munmap(tmp, len);
+        punch(dst);
+    }
+    window_close(dst);
+    if (!ok) return -1;
+    dst->mesh_shared = 1;
+    dst->mesh_members = 1;
+    group_link(dst);
+    atomic_fetch_add(&mapped_members, 1);
+    return 0;
+}
+
+int _kp_mesh_join(kp_span *dst, kp_span *src, const uint64_t *src_live) {
+    if (atomic_load(&mapped_members) + 2 > max_members) return -1;
+    if (!dst->mesh_shared && share(dst) != 0) return -1;
+    const size_t size = _kp_classes[src->sizeclass].size;
+    char *from = span_addr(src), *to = span_addr(dst);
+    if (window_open(src) != 0) return -1;
+    for (uint32_t i = 0; i < src->capacity; i++)
+        if (src_live[i / 64] >> (i % 64) & 1) copy_words(to + (size_t)i * size, from + (size_t)i * size, size);
+    if (map_file_page(src, dst) != 0) {
+        /* nothing was lost: src's own page still holds its objects */
+        mprotect(from, span_bytes(src), PROT_READ | PROT_WRITE);
+        window_close(src);
+        return -1;
+    }
+    window_close(src);
+    src->mesh_primary = dst;
+    src->mesh_next = dst->mesh_next;
+    dst->mesh_next = src;
+    dst->mesh_members++;
+    atomic_fetch_add(&mapped_members, 1);
+    atomic_fetch_add(&meshed_bytes, span_bytes(src));
+    atomic_fetch_add_explicit(&joins, 1, memory_order_relaxed);
+    return 0;
+}
+
+void _kp_mesh_undo(kp_span *p) {
+    const int shared = p->mesh_shared;
+    size_t members = 1;
+    for (kp_span *a = p->mesh_next, *next; a; a = next) {
+        next = a->mesh_next;
+        if (shared) map_private(a, 0);
+        a->mesh_primary = a->mesh_next = NULL;
+        members++;
+        _kp_pageheap_free(a);
+    }
+    if (shared) {
+        map_private(p, 0);
+        punch(p);
+        atomic_fetch_sub(&mapped_members, members);
+        atomic_fetch_sub(&meshed_bytes, (members - 1) * span_bytes(p));
+    }
+    group_unlink(p);
+    p->mesh_next = NULL;
+    p->mesh_members = p->mesh_shared = p->mesh_split = 0;
+}
+
+/* Give every member of p's group a private copy of the page (fork). */
+static void split(kp_span *p) {
+    size_t members = 0;
+    for (kp_span *m = p; m; m = m->mesh_next) {
+        window_open(m);
+        members++;
+    }
+    for (kp_span *m = p; m; m = m->mesh_next) {
+        if (map_private(m, 1) != 0) {
+            static const char msg[] = "kpool: out of memory giving a meshed span a private copy before fork; "
+                                      "the child shares its page with the parent\n";
+            if (write(2, msg, sizeof msg - 1) < 0) {}
+            mprotect(span_addr(m), span_bytes(m), PROT_READ | PROT_WRITE);
+        }
+    }
+    for (kp_span *m = p; m; m = m->mesh_next) window_close(m);
+    punch(p);
+    p->mesh_shared = 0;
+    p->mesh_split = 1;
+    atomic_fetch_sub(&mapped_members, members);
+    atomic_fetch_sub(&meshed_bytes, (members - 1) * span_bytes(p));
+}
+
+/* ---- passes ------------------------------------------------------------------------ */
+static size_t pass(unsigned max_joins, size_t min_free) {
+    size_t bytes = 0;
+    ensure_handler();
+    for (unsigned c = 1; c < KP_NUM_CLASSES && max_joins > 0; c++) {
+        unsigned n = _kp_central_mesh(c, max_joins, min_free);
+        bytes += (size_t)n * _kp_classes[c].npages * KP_PAGE_SIZE;
+        max_joins -= n;
+    }
+    return bytes;
+}
+
+size_t _kp_mesh_all(void) {
+    if (!_kp_mesh_on) return 0;
+    _kp_lock(&mesh_lock);
+    size_t bytes = pass(UINT32_MAX, 0);
+    _kp_unlock(&mesh_lock);
+    return bytes;
+}
+
+void _kp_mesh_tick(void) {
+    static _Atomic uint64_t last_ms;
+    uint64_t now = _kp_now_coarse_ms();
+    if (now - atomic_load_explicit(&last_ms, memory_order_relaxed) < KP_MESH_PERIOD_MS) return;
+    atomic_store_explicit(&last_ms, now, memory_order_relaxed);
+    if (pthread_mutex_trylock(&mesh_lock.mutex) != 0) return;
+    KP_BUMP(mesh_lock.acquires, 1);
+    pass(KP_MESH_TICK_JOINS, KP_MESH_MIN_FREE);
+    _kp_unlock(&mesh_lock);
+}
+
+/* ---- fork ---------------------------------------------------------------------------- */
+void _kp_mesh_fork_prepare(void) {
+    _kp_lock(&mesh_lock);
+    if (!_kp_mesh_on) return;
+    for (unsigned c = 1; c < KP_NUM_CLASSES; c++) {
+        kp_central *central = _kp_central(c);
+        _kp_lock(&central->lock);
+        for (kp_span *p = groups[c]; p; p = p->group_next)
+            if (p->mesh_shared) split(p);
+        _kp_unlock(&central->lock);
+    }
+}
+
+void _kp_mesh_fork_release(void) { _kp_unlock(&mesh_lock); }
+
+/* ---- figures -------------------------------------------------------------------------- */
+uint64_t _kp_mesh_fault_waits(void) { return atomic_load(&fault_waits); }
+
+void _kp_mesh_figures(size_t *bytes, uint64_t *count) {
+    *bytes = atomic_load_explicit(&meshed_bytes, memory_order_relaxed);
+    *count = atomic_load_explicit(&joins, memory_order_relaxed);
+}

@@ -1,0 +1,276 @@
+/* test_mesh.c: meshing (mesh.c) keeps every block's contents and address,
+ * gives physical pages back, never hands a slot out twice, survives writers
+ * that write during the mesh, and fork.
+ *
+ * Meshing is turned on by the hidden _kp_mesh_start (the tests link the
+ * static library), as KPOOL_MESH=1 does at start-up. */
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "kpool.h"
+#include "check.h"
+
+int _kp_mesh_start(void);
+int _kp_central_is_valid(unsigned cls);
+int _kp_pageheap_is_valid(void);
+uint64_t _kp_mesh_fault_waits(void);
+
+/* Proportional resident bytes (smaps_rollup's Pss): a page mapped at two
+ * addresses counts once, as it costs once. */
+static long pss_bytes(void) {
+    char buf[4096];
+    int fd = open("/proc/self/smaps_rollup", O_RDONLY);
+    if (fd < 0) return -1;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return -1;
+    buf[n] = 0;
+    char *p = strstr(buf, "\nPss:");
+    return p ? strtol(p + 5, NULL, 10) * 1024 : -1;
+}
+
+static uint64_t rng_state = 88172645463325252u;
+static uint64_t rnd(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+
+static void fill(void *p, size_t n, uint64_t tag) {
+    uint64_t *w = p;
+    for (size_t i = 0; i < n / 8; i++) w[i] = tag * 0x9e3779b97f4a7c15u + i;
+}
+static int intact(const void *p, size_t n, uint64_t tag) {
+    const uint64_t *w = p;
+    for (size_t i = 0; i < n / 8; i++)
+        if (w[i] != tag * 0x9e3779b97f4a7c15u + i) return 0;
+    return 1;
+}
+
+static int all_valid(void) {
+    for (unsigned c = 1; c < 129; c++)
+        if (!_kp_central_is_valid(c)) return 0;
+    return _kp_pageheap_is_valid();
+}
+
+static kp_stats stats_now(void) {
+    kp_stats st;
+    memset(&st, 0, sizeof st);
+    st.struct_size = sizeof st;
+    kp_stats_get(&st);
+    return st;
+}
+
+/* n blocks of size bytes, each filled; keep one in ten (*kept), free the rest. */
+static void **sparse(size_t n, size_t size, size_t *kept) {
+    void **all = malloc(n * sizeof *all);
+    for (size_t i = 0; i < n; i++) {
+        all[i] = kp_malloc(size);
+        fill(all[i], size, (uintptr_t)all[i]);
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (rnd() % 10 == 0) all[k++] = all[i];
+        else kp_free(all[i]);
+    }
+    *kept = k;
+    return all;
+}
+
+static void test_off_until_started(void) {
+    size_t k;
+    void **b = sparse(20000, 128, &k);
+    kp_trim();
+    kp_stats st = stats_now();
+    CHECK_EQ(st.version, 3);
+    CHECK_EQ(st.meshes, 0);
+    CHECK_EQ(st.bytes_meshed, 0);
+    for (size_t i = 0; i < k; i++) kp_free(b[i]);
+    free(b);
+    kp_trim();
+}
+
+static void test_mesh_keeps_blocks_and_gives_pages_back(void) {
+    const size_t sizes[] = { 64, 128, 256, 496 };
+    void **b[4];
+    size_t k[4];
+    for (int s = 0; s < 4; s++) b[s] = sparse(40000, sizes[s], &k[s]);
+    kp_thread_flush();
+    long before = pss_bytes();
+    kp_stats st0 = stats_now();
+    size_t given = kp_trim();
+    kp_stats st = stats_now();
+    long after = pss_bytes();
+    printf("  meshed %llu spans, %zu bytes; Pss %ld -> %ld KiB; kp_trim returned %zu\n",
+           (unsigned long long)(st.meshes - st0.meshes), st.bytes_meshed, before / 1024, after / 1024, given);
+    size_t meshed = st.bytes_meshed - st0.bytes_meshed;   /* the decay path may have meshed some before */
+    CHECK(st.meshes > st0.meshes);
+    CHECK(meshed > 0);
+    CHECK(given >= meshed);
+    CHECK(before - after > (long)meshed / 2);          /* the pages really went back */
+    CHECK_EQ(st.bytes_mapped, st.bytes_small_spans + st.bytes_meshed + st.bytes_large + st.bytes_pools +
+                              st.bytes_arenas + st.bytes_free_pageheap + st.bytes_released);
+    CHECK(all_valid());
+    int ok = 1;
+    for (int s = 0; s < 4; s++)
+        for (size_t i = 0; i < k[s]; i++) ok &= intact(b[s][i], sizes[s], (uintptr_t)b[s][i]) &&
+                                             kp_usable_size(b[s][i]) == sizes[s] && kp_owns(b[s][i]);
+    CHECK(ok);
+
+    /* New blocks come from the groups' free slots: none may overlap a live one. */
+    void **fresh[4];
+    size_t nfresh = 20000;
+    for (int s = 0; s < 4; s++) {
+        fresh[s] = malloc(nfresh * sizeof(void *));
+        for (size_t i = 0; i < nfresh; i++) {
+            fresh[s][i] = kp_malloc(sizes[s]);
+            fill(fresh[s][i], sizes[s], (uintptr_t)fresh[s][i] ^ 1);
+        }
+    }
+    ok = 1;
+    for (int s = 0; s < 4; s++) {
+        for (size_t i = 0; i < k[s]; i++) ok &= intact(b[s][i], sizes[s], (uintptr_t)b[s][i]);
+        for (size_t i = 0; i < nfresh; i++) ok &= intact(fresh[s][i], sizes[s], (uintptr_t)fresh[s][i] ^ 1);
+    }
+    CHECK(ok);
+    for (int s = 0; s < 4; s++) {
+        for (size_t i = 0; i < nfresh; i++) kp_free(fresh[s][i]);
+        for (size_t i = 0; i < k[s]; i++) kp_free(b[s][i]);
+        free(fresh[s]);
+        free(b[s]);
+    }
+    kp_trim();
+    st = stats_now();
+    CHECK_EQ(st.bytes_meshed, 0);                 /* every group dissolved with its last block */
+    CHECK(all_valid());
+}
+
+/* Writers keep writing into their blocks (and checking what they read back)
+ * while the main thread meshes the spans those blocks are in. */
+#define WRITERS 3
+typedef struct writer {
+    pthread_t thread;
+    void **blocks;
+    size_t n;
+    _Atomic int go, stop;
+    _Atomic uint64_t writes;
+    int lost;
+} writer;
+
+static void *write_constantly(void *arg) {
+    writer *w = arg;
+    uint64_t v = 1;
+    while (!atomic_load(&w->stop)) {
+        if (!atomic_load(&w->go)) continue;
+        for (size_t i = 0; i < w->n; i++) {
+            volatile uint64_t *p = w->blocks[i];
+            p[0] = v;
+            p[1] = ~v;
+            if (p[0] != v || p[1] != ~v) w->lost++;
+        }
+        atomic_fetch_add(&w->writes, 1);
+        v++;
+        for (size_t i = 0; i < w->n; i++) {
+            volatile uint64_t *p = w->blocks[i];
+            if (p[0] != v - 1 || p[1] != ~(v - 1)) w->lost++;
+        }
+    }
+    return NULL;
+}
+
+static void test_writers_during_mesh(void) {
+    uint64_t waits0 = _kp_mesh_fault_waits();
+    for (int round = 0; round < 4; round++) {
+        size_t k;
+        void **b = sparse(30000, 128, &k);
+        kp_thread_flush();
+        writer w[WRITERS];
+        for (int t = 0; t < WRITERS; t++) {
+            memset(&w[t], 0, sizeof w[t]);
+            w[t].blocks = b + t * (k / WRITERS);
+            w[t].n = k / WRITERS;
+            pthread_create(&w[t].thread, NULL, write_constantly, &w[t]);
+            atomic_store(&w[t].go, 1);
+        }
+        for (int t = 0; t < WRITERS; t++)
+            while (atomic_load(&w[t].writes) < 2) {}
+        kp_stats st0 = stats_now();
+        kp_trim();
+        kp_stats st = stats_now();
+        CHECK(st.meshes > st0.meshes);
+        for (int t = 0; t < WRITERS; t++) {
+            uint64_t at = atomic_load(&w[t].writes);
+            while (atomic_load(&w[t].writes) < at + 2) {}
+            atomic_store(&w[t].stop, 1);
+            pthread_join(w[t].thread, NULL);
+            CHECK_EQ(w[t].lost, 0);
+        }
+        CHECK(all_valid());
+        for (size_t i = 0; i < k; i++) kp_free(b[i]);
+        free(b);
+        kp_trim();
+        CHECK_EQ(stats_now().bytes_meshed, 0);
+    }
+    printf("  %llu writes waited for a mesh window\n", (unsigned long long)(_kp_mesh_fault_waits() - waits0));
+    CHECK(_kp_mesh_fault_waits() > waits0);       /* the writers did write during meshing */
+}
+
+static void test_fork_gives_private_pages(void) {
+    size_t k;
+    void **b = sparse(30000, 256, &k);
+    kp_trim();
+    CHECK(stats_now().bytes_meshed > 0);
+    int pipefd[2];
+    CHECK(pipe(pipefd) == 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        /* The child writes every block; the parent must not see it. */
+        for (size_t i = 0; i < k; i++) fill(b[i], 256, 7);
+        for (size_t i = 0; i < k; i++) kp_free(b[i]);
+        for (int i = 0; i < 1000; i++) kp_free(kp_malloc(256));
+        char c = 'x';
+        if (write(pipefd[1], &c, 1) != 1) _exit(2);
+        _exit(all_valid() ? 0 : 3);
+    }
+    char c;
+    CHECK(read(pipefd[0], &c, 1) == 1);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    int ok = 1;
+    for (size_t i = 0; i < k; i++) ok &= intact(b[i], 256, (uintptr_t)b[i]);
+    CHECK(ok);
+    CHECK_EQ(stats_now().bytes_meshed, 0);        /* the groups are private copies now */
+    /* and they still work: allocate from them, then free everything */
+    void *extra[5000];
+    for (int i = 0; i < 5000; i++) fill(extra[i] = kp_malloc(256), 256, 99);
+    ok = 1;
+    for (size_t i = 0; i < k; i++) ok &= intact(b[i], 256, (uintptr_t)b[i]);
+    for (int i = 0; i < 5000; i++) ok &= intact(extra[i], 256, 99);
+    CHECK(ok);
+    for (int i = 0; i < 5000; i++) kp_free(extra[i]);
+    for (size_t i = 0; i < k; i++) kp_free(b[i]);
+    free(b);
+    close(pipefd[0]);
+    close(pipefd[1]);
+    CHECK(all_valid());
+}
+
+int main(void) {
+    const char *env = getenv("KPOOL_MESH");
+    if (!env || strcmp(env, "1") != 0) RUN(test_off_until_started);   /* else it is on from the start */
+    if (_kp_mesh_start() != 0) {
+        printf("meshing unavailable here (memfd_create failed): skipped\n");
+        return DONE();
+    }
+    RUN(test_mesh_keeps_blocks_and_gives_pages_back);
+    RUN(test_writers_during_mesh);
+    RUN(test_fork_gives_private_pages);
+    return DONE();
+}
