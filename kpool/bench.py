@@ -62,7 +62,10 @@ _WORKLOAD_INFO = {
 WORKLOADS = tuple(_WORKLOAD_INFO)
 MAIN_WORKLOADS = ("pairs", "mixed", "random", "larson", "prodcons")
 MEMORY_WORKLOADS = ("burst", "frag")
-ALLOCATORS = ("system", "jemalloc", "tcmalloc", "mimalloc", "kpool", "kpool-preload", "kpool-pool", "null")
+ALLOCATORS = ("system", "jemalloc", "tcmalloc", "mimalloc", "kpool", "kpool-mesh", "kpool-preload", "kpool-pool",
+              "null")
+# kpool-mesh: kpool with meshing on (KPOOL_MESH=1); plain kpool runs with it off, as by default.
+MESH_ALLOCATORS = ("kpool-mesh",)
 PEERS = ("system", "jemalloc", "tcmalloc", "mimalloc")
 ONE_SIZE_WORKLOADS = ("pairs",)          # the only ones kpool-pool can run
 
@@ -288,7 +291,8 @@ def allocators(*, probe=True):
                                  library=None, version=_glibc_version()))
         else:
             out.append(Allocator(name, available=no_exe is None, reason=no_exe,
-                                 kind="baseline" if name == "null" else "kpool", driver=name, library=None,
+                                 kind="baseline" if name == "null" else "kpool",
+                                 driver="kpool" if name in MESH_ALLOCATORS else name, library=None,
                                  version=_kpool_version()))
     return out
 
@@ -305,12 +309,15 @@ def _kpool_version():
         return None
 
 
-def _child_env(preload=None):
+def _child_env(preload=None, mesh=False):
     env = dict(os.environ)
     env.pop("LD_PRELOAD", None)
     env.pop("KPOOL_STATS", None)
+    env.pop("KPOOL_MESH", None)
     if preload:
         env["LD_PRELOAD"] = preload
+    if mesh:
+        env["KPOOL_MESH"] = "1"
     return env
 
 
@@ -348,7 +355,7 @@ _NUM_FIELDS = [
     ("rss_full", "f8"), ("rss_after_free", "f8"), ("rss_after_1s", "f8"), ("rss_after_trim", "f8"),
     ("alloc_seconds", "f8"), ("free_seconds", "f8"),
     ("frag_ratio_alloc", "f8"), ("frag_ratio_free90", "f8"), ("frag_ratio_refill", "f8"),
-    ("frag_live_refill", "f8"), ("frag_rss_refill", "f8"),
+    ("frag_live_refill", "f8"), ("frag_rss_refill", "f8"), ("frag_ratio_trim", "f8"), ("frag_trim_seconds", "f8"),
 ]
 
 
@@ -460,7 +467,7 @@ class Result:
             }
             for k in ("rss_base", "rss_full", "rss_after_free", "rss_after_1s", "rss_after_trim", "alloc_seconds",
                       "free_seconds", "frag_ratio_alloc", "frag_ratio_free90", "frag_ratio_refill",
-                      "frag_live_refill"):
+                      "frag_live_refill", "frag_ratio_trim", "frag_trim_seconds"):
                 s[k] = _median([_num(r.get(k)) for r in good])
             out.append(s)
         order = {w: i for i, w in enumerate(WORKLOADS)}
@@ -526,17 +533,22 @@ class Result:
         frag = [s for s in summ if s["workload"] == "frag"]
         if frag:
             lines.append("")
-            lines.append("Frag: RSS growth over live bytes after each phase (1.0 = no overhead).")
+            lines.append("Frag: RSS growth over live bytes after each phase (1.0 = no overhead; RSS is the "
+                         "proportional figure, Pss). After trim: each allocator's own trim call (kp_trim, "
+                         "which meshes for kpool-mesh; malloc_trim; jemalloc's arena purge; "
+                         "tcmalloc's ReleaseFreeMemory; mi_collect), same live bytes as after refill.")
             lines.append("")
-            lines.append("| allocator | threads | after alloc | after free 90% | after refill | live MB | peak RSS MB |")
-            lines.append("|---|---|---:|---:|---:|---:|---:|")
+            lines.append("| allocator | threads | after alloc | after free 90% | after refill | after trim | trim s "
+                         "| live MB | peak RSS MB |")
+            lines.append("|---|---|---:|---:|---:|---:|---:|---:|---:|")
             for s in frag:
                 if s["ok"] == 0:
                     lines.append(f"| {s['allocator']} | {s['threads']} | failed: {'; '.join(s['errors'])[:80]} "
-                                 f"| | | | |")
+                                 f"| | | | | | |")
                     continue
                 lines.append(f"| {s['allocator']} | {self._tlabel(s['threads'])} | {_fmt(s['frag_ratio_alloc'], 2)} | "
                              f"{_fmt(s['frag_ratio_free90'], 2)} | {_fmt(s['frag_ratio_refill'], 2)} | "
+                             f"{_fmt(s['frag_ratio_trim'], 2)} | {_fmt(s['frag_trim_seconds'], 3)} | "
                              f"{_mb(s['frag_live_refill'])} | {_mb(s['peak_rss'])} |")
         skipped = self.meta.get("unavailable") or {}
         if skipped:
@@ -791,11 +803,12 @@ PALETTE = {
     "tcmalloc": "#2ca02c",
     "mimalloc": "#d62728",
     "kpool": "#9467bd",
+    "kpool-mesh": "#17becf",
     "kpool-preload": "#e377c2",
     "kpool-pool": "#8c564b",
     "null": "#7f7f7f",
 }
-_SPARE_COLOURS = ("#bcbd22", "#17becf", "#aec7e8")
+_SPARE_COLOURS = ("#bcbd22", "#aec7e8", "#98df8a")
 
 
 def color_of(allocator):
@@ -946,9 +959,10 @@ def _measure(exe, alloc, workload, threads, ops, seed, verify, size, burst_bytes
     if workload == "burst" and burst_bytes:
         cmd += ["--burst-bytes", str(burst_bytes)]
     preload = alloc.library if alloc.kind == "peer" else None
+    mesh = alloc.name in MESH_ALLOCATORS
     t0 = time.monotonic()
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_child_env(preload))
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_child_env(preload, mesh))
         rc, stdout, stderr = out.returncode, out.stdout, out.stderr
     except subprocess.TimeoutExpired:
         rc, stdout, stderr = None, "", f"timed out after {timeout} s"
@@ -967,7 +981,8 @@ def _measure(exe, alloc, workload, threads, ops, seed, verify, size, burst_bytes
     rec["allocator"] = alloc.name
     rec["returncode"] = rc
     rec["wall_seconds"] = round(wall, 4)
-    rec["command"] = shlex.join(cmd) if preload is None else f"LD_PRELOAD={preload} " + shlex.join(cmd)
+    rec["command"] = ((f"LD_PRELOAD={preload} " if preload else "") + ("KPOOL_MESH=1 " if mesh else "")
+                      + shlex.join(cmd))
     if preload:
         used = rec.get("malloc_library")
         if used and os.path.realpath(used) != os.path.realpath(preload) and rec.get("error") is None:

@@ -38,11 +38,13 @@ def test_workloads_are_the_contract():
 
 def test_allocators_listed_with_availability():
     al = {a.name: a for a in bench.allocators()}
-    assert set(al) == {"system", "jemalloc", "tcmalloc", "mimalloc", "kpool", "kpool-preload", "kpool-pool", "null"}
-    for name in ("system", "kpool", "kpool-preload", "kpool-pool", "null"):
+    assert set(al) == {"system", "jemalloc", "tcmalloc", "mimalloc", "kpool", "kpool-mesh", "kpool-preload",
+                       "kpool-pool", "null"}
+    for name in ("system", "kpool", "kpool-mesh", "kpool-preload", "kpool-pool", "null"):
         assert al[name].available, al[name].reason
     # kpool-preload: the peers' very binary, its malloc replaced by kpool's (the probe checked it took)
     assert al["kpool-preload"].driver == "system" and al["kpool-preload"].library.endswith("libkpool-malloc.so")
+    assert al["kpool-mesh"].driver == "kpool" and al["kpool-mesh"].kind == "kpool"   # the same driver, KPOOL_MESH=1
     for name in ("jemalloc", "tcmalloc", "mimalloc"):
         a = al[name]
         assert a.kind == "peer" and a.driver == "system"
@@ -297,6 +299,22 @@ def test_memory_workloads():
     assert recs[("frag", "kpool")]["frag_ratio_refill"] > 0
     text = res.table()
     assert "Burst:" in text and "Frag:" in text
+
+
+def test_frag_kpool_mesh_gives_memory_back_on_trim():
+    """kpool-mesh is kpool under KPOOL_MESH=1: its trim meshes the sparse
+    spans frag leaves, plain kpool's cannot; every allocator reports its trim."""
+    res = bench.run(workloads=["frag"], allocators=["system", "kpool", "kpool-mesh"], ops={"frag": 200_000},
+                    repeat=1)
+    recs = {r["allocator"]: r for r in res.records}
+    for r in recs.values():
+        assert r["error"] is None and r["corrupt"] == 0 and r["frag_ratio_trim"] > 0
+    assert recs["kpool-mesh"]["command"].startswith("KPOOL_MESH=1 ")
+    assert "KPOOL_MESH" not in recs["kpool"]["command"]
+    assert recs["kpool"]["frag_trim"] == recs["kpool-mesh"]["frag_trim"] == "kp_trim"
+    assert recs["system"]["frag_trim"] == "malloc_trim"
+    assert recs["kpool-mesh"]["frag_ratio_trim"] < 0.8 * recs["kpool"]["frag_ratio_trim"]
+    assert "after trim" in res.table()
 
 
 def test_bad_arguments():
