@@ -167,6 +167,8 @@ typedef struct kp_span {
     void *owner;                  /* POOL: the kp_pool; ARENA: the kp_arena */
     size_t requested;             /* LARGE: bytes requested */
     uint64_t free_since_ms;       /* FREE: when it became free */
+    struct kp_span *mesh_primary; /* SMALL, meshed (mesh.c): its group's primary; NULL if not an alias.
+                                     Beside `allocated`: a free's span lookup reads one cache line */
     uint32_t allocated;           /* SMALL: objects out of the span */
     uint32_t carved;              /* SMALL: objects carved so far (bump) */
     uint32_t capacity;            /* SMALL: objects the span holds */
@@ -179,7 +181,6 @@ typedef struct kp_span {
     /* Meshing (mesh.c). A group is a primary SMALL span and the aliases
      * meshed into it: every member's pages show one physical page, and the
      * primary's freelist, allocated and carved are the group's. */
-    struct kp_span *mesh_primary;  /* alias: its group's primary (NULL: not an alias) */
     struct kp_span *mesh_next;     /* primary and aliases: the group's next alias */
     struct kp_span *group_next, *group_prev; /* primary of a group: its class's group list */
     uint8_t mesh_members;          /* primary: spans in the group, itself included (0: no group) */

@@ -57,6 +57,24 @@
  * it does for malloc's; outside valgrind such a build costs one load and a
  * branch per call, and the default build (KP_VALGRIND=0) has none of it.
  *
+ * Meshing: KPOOL_MESH=1 in the environment (read once, at start-up) turns
+ * it on. kp_trim, and the slow paths at most every 100 ms (a bounded pass),
+ * then find spans of one size class whose live blocks sit at different
+ * offsets, copy one span's live blocks into the other's physical page at
+ * the same offsets, and map the first span's addresses onto that page: its
+ * own page goes back to the OS, and no pointer changes (Mesh, PLDI 2019).
+ * Every block keeps its address and its bytes, a block is never handed out
+ * twice, and a write made while its span is being meshed waits (in kpool's
+ * SIGSEGV handler, installed on the first pass and chained to the one that
+ * was there) and lands on the new page. What it costs: a system call that
+ * writes into a block (read(2) into a buffer) during those few microseconds
+ * fails with EFAULT instead of waiting, which is why it is off by default;
+ * fork() first gives every meshed span a private copy of its page (the
+ * memory saved is given up; the child and the parent share nothing); and
+ * each meshed span takes a kernel mapping (meshing stops at a quarter of
+ * vm.max_map_count). kp_stats: bytes_meshed, meshes. In a -DKP_MESH=0
+ * build KPOOL_MESH=1 does nothing.
+ *
  * Start-up: every function works from the first call, also before kpool's
  * own constructor has run (from another library's constructor, a C++
  * static initialiser, a preloaded malloc's first caller); the first call
@@ -147,7 +165,8 @@ KP_API int kp_owns(const void *p);
 /* Give this thread's cached free blocks back to the shared lists. */
 KP_API void kp_thread_flush(void);
 /* Give all idle memory back to the OS: this thread's cache, the shared
- * lists' empty spans, the page heap's free spans. Returns bytes released. */
+ * lists' empty spans, the page heap's free spans, and (KPOOL_MESH=1) the
+ * pages of spans it meshes. Returns bytes released. */
 KP_API size_t kp_trim(void);
 
 /* ------------------------------------------------------------------------

@@ -1197,7 +1197,7 @@ int kps_start(const kps_config *cfg, kps_run **out, char *err, size_t errlen) {
     if (al == AL_KPOOL) {
         r->st0 = calloc(1, sizeof(kp_stats));
         if (r->st0) {
-            r->st0->struct_size = offsetof(kp_stats, classes);
+            r->st0->struct_size = sizeof(kp_stats);
             if (kp_stats_get(r->st0) != 0) {
                 free(r->st0);
                 r->st0 = NULL;
@@ -1444,14 +1444,14 @@ char *kps_finish(kps_run *r) {
     if (r->al == AL_KPOOL && r->st0) {
         kp_stats *s1 = calloc(1, sizeof(kp_stats));
         if (s1) {
-            s1->struct_size = offsetof(kp_stats, classes);
+            s1->struct_size = sizeof(kp_stats);
             if (kp_stats_get(s1) == 0) {
                 kp_stats *s0 = r->st0;
                 sb_printf(&b, ",\"kpool_stats\":{\"enabled\":%u,\"bytes_mapped\":%zu,\"bytes_in_use\":%zu,"
                               "\"bytes_released\":%zu,\"allocs\":%llu,\"frees\":%llu,\"tcache_hits\":%llu,"
                               "\"tcache_misses\":%llu,\"central_fetches\":%llu,\"central_returns\":%llu,"
                               "\"pageheap_grows\":%llu,\"lock_contended\":%llu,\"lock_wait_ns\":%llu,"
-                              "\"os_releases\":%llu}",
+                              "\"os_releases\":%llu,\"meshes\":%llu,\"bytes_meshed\":%zu}",
                           s1->enabled, s1->bytes_mapped, s1->bytes_in_use, s1->bytes_released,
                           (unsigned long long)(s1->allocs - s0->allocs), (unsigned long long)(s1->frees - s0->frees),
                           (unsigned long long)(s1->tcache_hits - s0->tcache_hits),
@@ -1461,7 +1461,8 @@ char *kps_finish(kps_run *r) {
                           (unsigned long long)(s1->pageheap_grows - s0->pageheap_grows),
                           (unsigned long long)(s1->lock_contended - s0->lock_contended),
                           (unsigned long long)(s1->lock_wait_ns - s0->lock_wait_ns),
-                          (unsigned long long)(s1->os_releases - s0->os_releases));
+                          (unsigned long long)(s1->os_releases - s0->os_releases),
+                          (unsigned long long)(s1->meshes - s0->meshes), s1->bytes_meshed);
             }
             free(s1);
         }

@@ -151,6 +151,28 @@ static void test_mesh_keeps_blocks_and_gives_pages_back(void) {
     CHECK(all_valid());
 }
 
+/* Without kp_trim: the slow paths mesh, at most every KP_MESH_PERIOD_MS. */
+static void test_decay_path_meshes(void) {
+    size_t k;
+    void **b = sparse(60000, 128, &k);
+    kp_thread_flush();
+    kp_stats st0 = stats_now();
+    void *other[20000];
+    for (int round = 0; round < 5 && stats_now().meshes == st0.meshes; round++) {
+        usleep(120 * 1000);
+        for (int i = 0; i < 20000; i++) other[i] = kp_malloc(1024);   /* refills: the slow path */
+        for (int i = 0; i < 20000; i++) kp_free(other[i]);
+    }
+    CHECK(stats_now().meshes > st0.meshes);
+    int ok = 1;
+    for (size_t i = 0; i < k; i++) ok &= intact(b[i], 128, (uintptr_t)b[i]);
+    CHECK(ok);
+    for (size_t i = 0; i < k; i++) kp_free(b[i]);
+    free(b);
+    kp_trim();
+    CHECK_EQ(stats_now().bytes_meshed, 0);
+}
+
 /* Writers keep writing into their blocks (and checking what they read back)
  * while the main thread meshes the spans those blocks are in. */
 #define WRITERS 3
@@ -270,6 +292,7 @@ int main(void) {
         return DONE();
     }
     RUN(test_mesh_keeps_blocks_and_gives_pages_back);
+    RUN(test_decay_path_meshes);
     RUN(test_writers_during_mesh);
     RUN(test_fork_gives_private_pages);
     return DONE();
