@@ -208,7 +208,9 @@ static void *write_constantly(void *arg) {
 
 static void test_writers_during_mesh(void) {
     uint64_t waits0 = _kp_mesh_fault_waits();
-    for (int round = 0; round < 4; round++) {
+    /* 4 rounds, more (up to 20) until a write has met a window: how often
+     * one does depends on the scheduler (a few a run under TSan). */
+    for (int round = 0; round < 4 || (round < 20 && _kp_mesh_fault_waits() == waits0); round++) {
         size_t k;
         void **b = sparse(30000, 128, &k);
         kp_thread_flush();
@@ -241,6 +243,93 @@ static void test_writers_during_mesh(void) {
     }
     printf("  %llu writes waited for a mesh window\n", (unsigned long long)(_kp_mesh_fault_waits() - waits0));
     CHECK(_kp_mesh_fault_waits() > waits0);       /* the writers did write during meshing */
+}
+
+/* Random allocations and frees in three classes by two threads (half of
+ * each one's frees are of the other's blocks, through a shared exchange),
+ * while a third thread meshes without pause: every live block keeps its
+ * stamp, and none overlaps another. */
+#define CHURN_LIVE 20000
+#define CHURN_OPS 300000
+typedef struct churner {
+    pthread_t thread;
+    uint64_t rng;
+    void *live[CHURN_LIVE];
+    size_t size[CHURN_LIVE];
+    int bad;
+} churner;
+static _Atomic(void *) exchange[1024];
+static _Atomic size_t exchange_size[1024];
+static _Atomic int churn_stop;
+
+static uint64_t next_rnd(uint64_t *s) {
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+static void *churn(void *arg) {
+    churner *c = arg;
+    static const size_t sizes[3] = { 48, 160, 320 };
+    for (int op = 0; op < CHURN_OPS; op++) {
+        uint64_t r = next_rnd(&c->rng);
+        size_t i = r % CHURN_LIVE;
+        if (c->live[i]) {
+            if (!intact(c->live[i], c->size[i], (uintptr_t)c->live[i])) c->bad++;
+            if (r >> 40 & 1) {                        /* hand it to the other thread */
+                size_t e = (r >> 20) % 1024;
+                atomic_store(&exchange_size[e], c->size[i]);
+                void *old = atomic_exchange(&exchange[e], c->live[i]);
+                if (old) kp_free(old);
+            } else {
+                kp_free(c->live[i]);
+            }
+            c->live[i] = NULL;
+        } else if (r >> 41 & 3) {                     /* mostly allocate: a sparse, changing heap */
+            size_t n = sizes[(r >> 50) % 3];
+            c->live[i] = kp_malloc(n);
+            c->size[i] = n;
+            fill(c->live[i], n, (uintptr_t)c->live[i]);
+        }
+    }
+    for (size_t i = 0; i < CHURN_LIVE; i++)
+        if (c->live[i]) {
+            if (!intact(c->live[i], c->size[i], (uintptr_t)c->live[i])) c->bad++;
+            kp_free(c->live[i]);
+        }
+    return NULL;
+}
+
+static void *mesh_constantly(void *arg) {
+    (void)arg;
+    while (!atomic_load(&churn_stop)) kp_trim();
+    return NULL;
+}
+
+static void test_churn_while_meshing(void) {
+    static churner c[2];
+    kp_stats st0 = stats_now();
+    pthread_t mesher;
+    pthread_create(&mesher, NULL, mesh_constantly, NULL);
+    for (int i = 0; i < 2; i++) {
+        memset(&c[i], 0, sizeof c[i]);
+        c[i].rng = 0x1234567u + (uint64_t)i * 0x9e3779b9u;
+        pthread_create(&c[i].thread, NULL, churn, &c[i]);
+    }
+    for (int i = 0; i < 2; i++) pthread_join(c[i].thread, NULL);
+    atomic_store(&churn_stop, 1);
+    pthread_join(mesher, NULL);
+    for (int e = 0; e < 1024; e++) {
+        void *p = atomic_exchange(&exchange[e], NULL);
+        if (p) kp_free(p);
+    }
+    printf("  %llu spans meshed during the churn\n", (unsigned long long)(stats_now().meshes - st0.meshes));
+    CHECK(stats_now().meshes > st0.meshes);
+    CHECK_EQ(c[0].bad + c[1].bad, 0);
+    kp_trim();
+    CHECK(all_valid());
+    CHECK_EQ(stats_now().bytes_meshed, 0);
 }
 
 static void test_fork_gives_private_pages(void) {
@@ -294,6 +383,7 @@ int main(void) {
     RUN(test_mesh_keeps_blocks_and_gives_pages_back);
     RUN(test_decay_path_meshes);
     RUN(test_writers_during_mesh);
+    RUN(test_churn_while_meshing);
     RUN(test_fork_gives_private_pages);
     return DONE();
 }
