@@ -199,6 +199,7 @@ void kp_stats_print(FILE *out) {
     ROW("    free, thread caches", st.bytes_free_tcaches);
     ROW("    free, central lists", st.bytes_free_central);
     ROW("    span tail waste", st.bytes_span_waste);
+    if (st.bytes_meshed || st.meshes) ROW("  meshed (no memory)", st.bytes_meshed);
     ROW("  large blocks", st.bytes_large);
     ROW("  pool chunks", st.bytes_pools);
     ROW("  arena chunks", st.bytes_arenas);
@@ -219,6 +220,7 @@ void kp_stats_print(FILE *out) {
             (unsigned long long)st.pageheap_grows, (unsigned long long)st.large_allocs,
             (unsigned long long)st.os_releases, st.threads, (unsigned long long)st.uncached_ops,
             st.tcaches_unavailable ? " (thread caches unavailable: no pthread key)" : "");
+    if (st.meshes) fprintf(out, "meshing: %llu spans meshed into others\n", (unsigned long long)st.meshes);
     fprintf(out, "locks: %llu acquired, %llu contended, %.3f ms waiting\n", (unsigned long long)st.lock_acquires,
             (unsigned long long)st.lock_contended, (double)st.lock_wait_ns / 1e6);
     fprintf(out, "%8s %10s %10s %10s %12s %12s %6s\n", "class", "in use", "central", "tcaches", "allocs", "frees", "spans");
