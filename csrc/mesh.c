@@ -80,6 +80,7 @@ static void *span_addr(const kp_span *s) { return (void *)(s->start << KP_PAGE_S
 static off_t file_offset(const kp_span *primary) { return (off_t)(primary->start << KP_PAGE_SHIFT); }
 
 /* ---- start ------------------------------------------------------------------- */
+#if KP_MESH
 static size_t read_max_map_count(void) {
     char buf[32];
     int fd = open("/proc/sys/vm/max_map_count", O_RDONLY | O_CLOEXEC);
@@ -91,6 +92,7 @@ static size_t read_max_map_count(void) {
     long v = strtol(buf, NULL, 10);
     return v > 0 ? (size_t)v : 65530;
 }
+#endif
 
 int _kp_mesh_start(void) {
 #if KP_MESH
