@@ -50,6 +50,7 @@ static void fork_parent(void) {
  * (fork_prepare): it releases them as the parent does, then gives back the
  * caches of the threads that did not come along. */
 static void fork_child(void) {
+    _kp_mesh_fork_child();
     fork_parent();
     _kp_tcache_after_fork_child();
 }

@@ -291,6 +291,7 @@ KP_INTERNAL size_t _kp_mesh_all(void);      /* kp_trim: mesh every class; bytes 
 KP_INTERNAL void _kp_mesh_tick(void);       /* the decay path: a bounded pass, at most every KP_MESH_PERIOD_MS */
 KP_INTERNAL void _kp_mesh_fork_prepare(void);   /* takes the mesh lock, makes every group private */
 KP_INTERNAL void _kp_mesh_fork_release(void);
+KP_INTERNAL void _kp_mesh_fork_child(void);     /* before the locks are released: a memfd of its own */
 KP_INTERNAL void _kp_mesh_figures(size_t *bytes_meshed, uint64_t *meshes);
 KP_INTERNAL uint64_t _kp_mesh_fault_waits(void);   /* writes that waited for a mesh window */
 

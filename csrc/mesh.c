@@ -39,7 +39,9 @@
  *    handler gives every member of every group a private copy (write-
  *    protect, copy, mremap an anonymous copy over it). The group keeps
  *    working (its free list still names each slot once) but is never
- *    meshed again; it dissolves when its last block is freed.
+ *    meshed again; it dissolves when its last block is freed. The child
+ *    meshes into a memfd of its own: the parent's file offsets are the
+ *    same addresses in both.
  *  - When a group's last block is freed, every member gets fresh private
  *    zero pages again, the file page is punched out, and the spans go back
  *    to the page heap.
@@ -384,6 +386,20 @@ void _kp_mesh_fork_prepare(void) {
 }
 
 void _kp_mesh_fork_release(void) { _kp_unlock(&mesh_lock); }
+
+/* The child's groups are private (prepare split them), but the memfd is
+ * the parent's: its file offsets are addresses the parent uses too, so the
+ * child takes a file of its own (or meshes no more if it cannot). */
+void _kp_mesh_fork_child(void) {
+    if (!_kp_mesh_on) return;
+    close(memfd);
+    memfd = memfd_create("kpool-mesh", MFD_CLOEXEC);
+    if (memfd >= 0 && ftruncate(memfd, (off_t)1 << (KP_ADDRESS_BITS - 1)) != 0) {
+        close(memfd);
+        memfd = -1;
+    }
+    if (memfd < 0) _kp_mesh_on = 0;
+}
 
 /* ---- figures -------------------------------------------------------------------------- */
 uint64_t _kp_mesh_fault_waits(void) { return atomic_load(&fault_waits); }

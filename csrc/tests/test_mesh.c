@@ -262,6 +262,7 @@ typedef struct churner {
 static _Atomic(void *) exchange[1024];
 static _Atomic size_t exchange_size[1024];
 static _Atomic int churn_stop;
+static pthread_barrier_t churn_barrier;
 
 static uint64_t next_rnd(uint64_t *s) {
     *s ^= *s << 13;
@@ -295,6 +296,17 @@ static void *churn(void *arg) {
             fill(c->live[i], n, (uintptr_t)c->live[i]);
         }
     }
+    /* End sparse (four in five of the rest freed), so the main thread's
+     * trim finds spans to mesh whatever the scheduler did during the churn;
+     * then check and free the rest. */
+    for (size_t i = 0; i < CHURN_LIVE; i++)
+        if (c->live[i] && next_rnd(&c->rng) % 5) {
+            kp_free(c->live[i]);
+            c->live[i] = NULL;
+        }
+    kp_thread_flush();
+    pthread_barrier_wait(&churn_barrier);
+    pthread_barrier_wait(&churn_barrier);   /* the main thread meshed in between */
     for (size_t i = 0; i < CHURN_LIVE; i++)
         if (c->live[i]) {
             if (!intact(c->live[i], c->size[i], (uintptr_t)c->live[i])) c->bad++;
@@ -314,12 +326,17 @@ static void test_churn_while_meshing(void) {
     kp_stats st0 = stats_now();
     pthread_t mesher;
     pthread_create(&mesher, NULL, mesh_constantly, NULL);
+    pthread_barrier_init(&churn_barrier, NULL, 3);
     for (int i = 0; i < 2; i++) {
         memset(&c[i], 0, sizeof c[i]);
         c[i].rng = 0x1234567u + (uint64_t)i * 0x9e3779b9u;
         pthread_create(&c[i].thread, NULL, churn, &c[i]);
     }
+    pthread_barrier_wait(&churn_barrier);
+    kp_trim();
+    pthread_barrier_wait(&churn_barrier);
     for (int i = 0; i < 2; i++) pthread_join(c[i].thread, NULL);
+    pthread_barrier_destroy(&churn_barrier);
     atomic_store(&churn_stop, 1);
     pthread_join(mesher, NULL);
     for (int e = 0; e < 1024; e++) {
@@ -375,6 +392,51 @@ static void test_fork_gives_private_pages(void) {
     CHECK(all_valid());
 }
 
+/* After a fork, parent and child both mesh spans at the same addresses:
+ * each must keep its own bytes (each meshes into a file of its own). */
+static void test_parent_and_child_mesh_apart(void) {
+    int to_parent[2], to_child[2];
+    CHECK(pipe(to_parent) == 0 && pipe(to_child) == 0);
+    pid_t pid = fork();
+    uint64_t me = (uint64_t)getpid();
+    /* the same random sequence in both: the same blocks at the same addresses */
+    void **all = malloc(30000 * sizeof *all);
+    for (int i = 0; i < 30000; i++) {
+        all[i] = kp_malloc(256);
+        fill(all[i], 256, (uintptr_t)all[i] ^ me);
+    }
+    size_t k = 0;
+    for (int i = 0; i < 30000; i++) {
+        if (i % 10 == 3) all[k++] = all[i];
+        else kp_free(all[i]);
+    }
+    kp_trim();
+    int meshed = stats_now().bytes_meshed > 0;
+    char c = 'x';
+    if (pid == 0) {                     /* child: meshed, then wait for the parent to mesh too */
+        if (write(to_parent[1], &c, 1) != 1 || read(to_child[0], &c, 1) != 1) _exit(2);
+        int ok = 1;
+        for (size_t i = 0; i < k; i++) ok &= intact(all[i], 256, (uintptr_t)all[i] ^ me);
+        _exit(!meshed ? 4 : ok ? 0 : 3);
+    }
+    CHECK(read(to_parent[0], &c, 1) == 1);
+    CHECK(meshed);
+    for (size_t i = 0; i < k; i++) fill(all[i], 256, (uintptr_t)all[i] ^ me);   /* written after both meshed */
+    CHECK(write(to_child[1], &c, 1) == 1);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    int ok = 1;
+    for (size_t i = 0; i < k; i++) ok &= intact(all[i], 256, (uintptr_t)all[i] ^ me);
+    CHECK(ok);
+    for (size_t i = 0; i < k; i++) kp_free(all[i]);
+    free(all);
+    for (int i = 0; i < 2; i++) {
+        close(to_parent[i]);
+        close(to_child[i]);
+    }
+}
+
 int main(void) {
     const char *env = getenv("KPOOL_MESH");
     if (!env || strcmp(env, "1") != 0) RUN(test_off_until_started);   /* else it is on from the start */
@@ -390,5 +452,6 @@ int main(void) {
     RUN(test_writers_during_mesh);
     RUN(test_churn_while_meshing);
     RUN(test_fork_gives_private_pages);
+    RUN(test_parent_and_child_mesh_apart);
     return DONE();
 }
