@@ -135,12 +135,16 @@ static void start_guard_sampling(void) {
     unsigned long every = env && *env ? strtoul(env, NULL, 10) : 0;
     if (every == 0 || every > UINT32_MAX) return;
     _kp_guard_every = (unsigned)every;
+    _kp_install_segv(on_fault, &prev_segv);
+}
+
+void _kp_install_segv(void (*handler)(int, siginfo_t *, void *), struct sigaction *prev) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
-    sa.sa_sigaction = on_fault;
+    sa.sa_sigaction = handler;
     sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
     sigemptyset(&sa.sa_mask);
-    sigaction(SIGSEGV, &sa, &prev_segv);
+    sigaction(SIGSEGV, &sa, prev);
 }
 
 #if KP_VALGRIND

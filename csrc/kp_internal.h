@@ -17,6 +17,7 @@
 #define KP_INTERNAL_H
 
 #include <errno.h>
+#include <signal.h>
 #include <string.h>
 #include <time.h>
 
@@ -152,6 +153,9 @@ static inline void _kp_unlock(kp_lock *l) { pthread_mutex_unlock(&l->mutex); }
 KP_INTERNAL extern unsigned _kp_guard_every;
 KP_INTERNAL int _kp_guard_sample(void);   /* 1 if this allocation is guarded */
 KP_INTERNAL void _kp_init(void);                   /* idempotent, thread-safe */
+/* Install handler for SIGSEGV (SA_SIGINFO, on the alternate stack if any);
+ * *prev gets the one it replaces. For KPOOL_GUARD and meshing. */
+KP_INTERNAL void _kp_install_segv(void (*handler)(int, siginfo_t *, void *), struct sigaction *prev);
 KP_INTERNAL extern _Atomic int _kp_initialized;
 KP_INTERNAL void _kp_error(const char *call, const void *ptr, const char *what);
 KP_INTERNAL _Noreturn void _kp_assert_fail(const char *cond, const char *file, int line);

@@ -161,12 +161,7 @@ static void on_fault(int sig, siginfo_t *si, void *ctx) {
 static void ensure_handler(void) {
     struct sigaction cur;
     if (sigaction(SIGSEGV, NULL, &cur) == 0 && (cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == on_fault) return;
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_sigaction = on_fault;
-    sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGSEGV, &sa, &prev_action);
+    _kp_install_segv(on_fault, &prev_action);
 }
 
 /* ---- page work ------------------------------------------------------------------- */
