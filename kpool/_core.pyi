@@ -11,6 +11,7 @@ HAVE_STRESS: int
 POOL_MAX_BLOCK: int
 POOL_MAX_ALIGN: int
 TRACEMALLOC_DOMAIN: int
+_FT_MODE: str  # 'gil' or 'free-threaded' (test builds: 'emulated', 'emulated-unlocked')
 STRESS_WORKLOADS: Tuple[str, ...]
 STRESS_ALLOCATORS: Tuple[str, ...]
 

@@ -518,6 +518,10 @@ def test_close_rules():
     with pytest.raises(ValueError):
         pool.trim()
     pool.stats()  # still answers
+    # a Block released before close: releasing it again is a no-op, both ways
+    b.release()
+    assert pool.release(b) is None
+    assert b.released and pool.in_use == 0 and pool.stats()["releases"] == 1
 
 
 def test_stats_after_close_keep_the_counts():

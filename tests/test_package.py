@@ -355,37 +355,98 @@ def test_stress_stub_matches_the_runtime_signature():
     assert [a.arg for a in fn.args.args] == ["workload"]
 
 
+CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "csrc")
+
+
 def test_gil_declarations():
-    """kpool._core declares that it needs the GIL (csrc/python/kpy.h lists
-    what relies on it); kpool._numpy declares that it does not."""
-    root = os.path.join(os.path.dirname(__file__), os.pardir, "csrc", "python")
+    """kpool._core declares Py_MOD_GIL_NOT_USED in a free-threaded build
+    (Py_GIL_DISABLED) and Py_MOD_GIL_USED otherwise (csrc/python/kpy.h:
+    Block, BufferPool and Arena guard their own state); kpool._numpy
+    declares that it needs no GIL."""
+    import re
+
+    root = os.path.join(CSRC, "python")
     with open(os.path.join(root, "module.c")) as f:
         core = f.read()
     with open(os.path.join(root, "numpy_handler.c")) as f:
         numpy_c = f.read()
-    assert "{Py_mod_gil, Py_MOD_GIL_USED}" in core and "Py_MOD_GIL_NOT_USED" not in core
+    slot = re.search(r"#ifdef Py_mod_gil\s*#ifdef Py_GIL_DISABLED\s*(/\*.*?\*/\s*)?"
+                     r"\{Py_mod_gil, Py_MOD_GIL_NOT_USED\},\s*#else\s*(/\*.*?\*/\s*)?"
+                     r"\{Py_mod_gil, Py_MOD_GIL_USED\},\s*#endif\s*#endif", core, re.S)
+    assert slot, "module_slots: NOT_USED under Py_GIL_DISABLED, USED otherwise"
+    assert core.count("Py_MOD_GIL_NOT_USED") == 1 and core.count("Py_MOD_GIL_USED}") == 1
     assert "{Py_mod_gil, Py_MOD_GIL_NOT_USED}" in numpy_c
 
 
-def test_free_threaded_python_keeps_the_gil_for_core_only():
-    """On a free-threaded CPython (3.13t): loading kpool._numpy alone leaves
-    the GIL off, importing kpool (kpool._core) turns it on."""
+def test_ft_mode_says_how_the_state_is_guarded():
+    """kpool._core._FT_MODE: 'gil' in a GIL build, 'free-threaded' under
+    Py_GIL_DISABLED (the test builds of make -C csrc pytsan say 'emulated'
+    and 'emulated-unlocked': tests/stress/nogil_races.py --expect-mode)."""
+    import sysconfig
+
+    want = "free-threaded" if sysconfig.get_config_var("Py_GIL_DISABLED") else "gil"
+    assert kpool._core._FT_MODE == want
+
+
+def test_free_threaded_python_keeps_the_gil_off():
+    """On a free-threaded CPython (3.13t): importing kpool (kpool._core) and
+    loading kpool._numpy leave the GIL off."""
     import sysconfig
 
     if not sysconfig.get_config_var("Py_GIL_DISABLED"):
         pytest.skip("not a free-threaded CPython")
-    pytest.importorskip("numpy")
     proc = run_python(
         """
-        import glob, importlib.util, os, sys, warnings
+        import sys, warnings
         warnings.simplefilter("ignore")
-        import numpy
-        folder = os.path.dirname(importlib.util.find_spec("kpool").origin)
-        path = glob.glob(os.path.join(folder, "_numpy.*.so"))[0]
-        spec = importlib.util.spec_from_file_location("kpool._numpy", path)
-        importlib.util.module_from_spec(spec)
-        a = sys._is_gil_enabled()
         import kpool
-        print(a, sys._is_gil_enabled())
+        try:
+            kpool.numpy_handler()
+        except ImportError:
+            pass
+        print(sys._is_gil_enabled(), kpool._core._FT_MODE)
         """, env={"PYTHON_GIL": ""})
-    assert proc.stdout.split() == ["False", "True"]
+    assert proc.stdout.split() == ["False", "free-threaded"]
+
+
+def _python_include_dirs():
+    """Python.h folders to compile the binding against: this interpreter's,
+    any CPython >= 3.13's found under pyenv or /usr(/local)/include, and the
+    folders in KPOOL_FT_INCLUDE (os.pathsep-separated)."""
+    import glob
+    import sysconfig
+
+    dirs = [sysconfig.get_paths()["include"]]
+    pattern = os.path.join("python3.1[3-9]*", "Python.h")
+    for base in [os.path.expanduser("~/.pyenv/versions/*/include"), "/usr/include", "/usr/local/include"]:
+        dirs += sorted(os.path.dirname(h) for h in glob.glob(os.path.join(base, pattern)))
+    dirs += [d for d in os.environ.get("KPOOL_FT_INCLUDE", "").split(os.pathsep) if d]
+    seen = []
+    for d in dirs:
+        if os.path.isfile(os.path.join(d, "Python.h")) and os.path.realpath(d) not in map(os.path.realpath, seen):
+            seen.append(d)
+    return seen
+
+
+@pytest.mark.parametrize("define", ["Py_GIL_DISABLED", "KPY_NOGIL_EMULATE"])
+@pytest.mark.parametrize("include", _python_include_dirs(), ids=os.path.basename)
+def test_binding_compiles_without_the_gil(include, define, tmp_path):
+    """The binding's free-threaded code (KPY_FT) compiles warning-free
+    (-Wall -Wextra -Werror) with Py_GIL_DISABLED defined against each
+    CPython's headers found (a 3.13's too, whose headers then lay out objects
+    as a free-threaded build does), and as the KPY_NOGIL_EMULATE test build."""
+    import shutil
+
+    if not os.path.isdir(CSRC):
+        pytest.skip("needs the source tree's csrc/")
+    cc = os.environ.get("CC", "gcc").split()
+    if not shutil.which(cc[0]):
+        pytest.skip("no C compiler")
+    for name in ["module.c", "block.c", "bufferpool.c", "arena.c"]:
+        cmd = cc + ["-std=c11", "-D_GNU_SOURCE", "-D" + define, "-DKPOOL_HAVE_STRESS", "-O2", "-fPIC",
+                    "-Wall", "-Wextra", "-Werror", "-Wno-missing-field-initializers", "-Wno-unused-parameter",
+                    "-I", include, "-I", os.path.join(CSRC, "include"), "-I", os.path.join(CSRC, "stress"),
+                    "-I", os.path.join(CSRC, "python"), "-c", os.path.join(CSRC, "python", name),
+                    "-o", str(tmp_path / (name + ".o"))]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        assert proc.returncode == 0, "%s\n%s" % (" ".join(cmd), proc.stderr[-4000:])

@@ -11,10 +11,14 @@
  * them all. live counts this generation's Blocks that hold memory, for the
  * module's live counts.
  *
- * Locks: `lock` serialises every kp_arena_* call (kp_arena is not
- * thread-safe by itself), and guards live and traced. It is taken without blocking first and only
- * with the GIL released when contended (possible only without a GIL); no
- * Python code runs while it is held.
+ * Locks: mu serialises every kp_arena_* call (kp_arena is not thread-safe
+ * by itself) and guards generation, exports, live and traced; alloc, reset,
+ * used, reserved and repr take it in every build. Where KPY_FT it is also
+ * the lock of the arena's Blocks (kpy_block_lock): their dead check, their
+ * views (exports) and every use of their memory run under it, so a reset,
+ * which checks exports and frees the chunks under it, never frees memory in
+ * use. It is taken without blocking first and only with the GIL released
+ * when contended; no Python code runs while it is held.
  */
 #include "kpy.h"
 
@@ -23,16 +27,8 @@
 #define ARENA_MAX_ALIGN ((size_t)1 << 30)
 #define ARENA_MAX_CHUNK ((size_t)1 << 46)
 
-/* Take self->lock, waiting with the GIL released if needed. */
-static void arena_lock(kpy_arena *self) {
-    if (!PyThread_acquire_lock(self->lock, NOWAIT_LOCK)) {
-        Py_BEGIN_ALLOW_THREADS
-        PyThread_acquire_lock(self->lock, WAIT_LOCK);
-        Py_END_ALLOW_THREADS
-    }
-}
-
-static void arena_unlock(kpy_arena *self) { PyThread_release_lock(self->lock); }
+static void arena_lock(kpy_arena *self) { kpy_lock(&self->mu); }
+static void arena_unlock(kpy_arena *self) { kpy_unlock(&self->mu); }
 
 /* Remember that p is traced, to untrack it at reset; if there is no memory
  * for that, untrack it now. REQUIRES: lock held. */
@@ -61,21 +57,11 @@ static void untrack_all(kpy_arena *self) {
     }
 }
 
-void kpy_arena_block_gone(PyObject *arena, uint64_t gen) {
-    kpy_arena *self = (kpy_arena *)arena;
-    /* live and generation change with the GIL held (and the lock): only a
-     * free-threaded build needs the lock here, where every collected arena
-     * Block passes */
-#ifdef Py_GIL_DISABLED
-    arena_lock(self);
-#endif
-    if (gen == self->generation) {  /* else the reset took it off already */
-        self->live--;
-        kpy_live_add(&self->state->live[KPY_ARENA], -1);
-    }
-#ifdef Py_GIL_DISABLED
-    arena_unlock(self);
-#endif
+/* kpy_arena_block_gone_locked, taking the lock where KPY_FT. */
+static void block_gone(kpy_arena *self, uint64_t gen) {
+    kpy_ft_lock(&self->mu);
+    kpy_arena_block_gone_locked((PyObject *)self, gen);
+    kpy_ft_unlock(&self->mu);
 }
 
 static const char *const alloc_kw[] = {"size", "align", NULL};
@@ -105,24 +91,27 @@ static PyObject *arena_alloc(kpy_arena *self, PyObject *const *args, Py_ssize_t 
     }
     /* on failure the bytes stay in the arena until reset: nothing leaks */
     PyObject *b = kpy_block_new(self->state->Block_type, p, size, KPY_ARENA, (PyObject *)self, gen, NULL);
-    if (!b) kpy_arena_block_gone((PyObject *)self, gen);
+    if (!b) block_gone(self, gen);
     return b;
 }
 
 /* Reset: 0 on success, -1 with BufferError while a view is alive. */
 static int do_reset(kpy_arena *self) {
-    if (self->exports > 0) {
-        PyErr_Format(PyExc_BufferError, "cannot reset an Arena while %zd view%s of its blocks %s alive",
-                     self->exports, self->exports == 1 ? "" : "s", self->exports == 1 ? "is" : "are");
+    Py_ssize_t exports;
+    arena_lock(self);  /* the Blocks' lock too: none is using its memory now */
+    if ((exports = self->exports) == 0) {
+        self->generation++;
+        untrack_all(self);  /* before their memory can be handed out again */
+        kpy_live_add(&self->state->live[KPY_ARENA], -self->live);
+        self->live = 0;
+        kp_arena_reset(self->arena);
+    }
+    arena_unlock(self);
+    if (exports > 0) {
+        PyErr_Format(PyExc_BufferError, "cannot reset an Arena while %zd view%s of its blocks %s alive", exports,
+                     exports == 1 ? "" : "s", exports == 1 ? "is" : "are");
         return -1;
     }
-    arena_lock(self);
-    self->generation++;
-    untrack_all(self);  /* before their memory can be handed out again */
-    kpy_live_add(&self->state->live[KPY_ARENA], -self->live);
-    self->live = 0;
-    kp_arena_reset(self->arena);
-    arena_unlock(self);
     return 0;
 }
 
@@ -153,7 +142,12 @@ static PyObject *get_reserved(kpy_arena *self, void *c) {
 }
 
 static PyObject *get_chunk_size(kpy_arena *self, void *c) { return PyLong_FromSize_t(self->chunk_size); }
-static PyObject *get_generation(kpy_arena *self, void *c) { return PyLong_FromUnsignedLongLong(self->generation); }
+static PyObject *get_generation(kpy_arena *self, void *c) {
+    kpy_ft_lock(&self->mu);
+    uint64_t g = self->generation;
+    kpy_ft_unlock(&self->mu);
+    return PyLong_FromUnsignedLongLong(g);
+}
 
 static PyObject *arena_repr(kpy_arena *self) {
     arena_lock(self);
@@ -173,11 +167,8 @@ static PyObject *arena_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
         PyErr_Format(PyExc_ValueError, "chunk_size %zd is above the limit of %zu bytes", chunk, ARENA_MAX_CHUNK);
         return NULL;
     }
-    PyThread_type_lock lock = PyThread_allocate_lock();
-    if (!lock) return kpy_no_memory("Arena: a lock", sizeof(PyThread_type_lock));
     kp_arena *a = kp_arena_create((size_t)chunk);
     if (!a) {
-        PyThread_free_lock(lock);
         if (errno == EINVAL) PyErr_SetString(PyExc_ValueError, "invalid chunk_size");
         else PyErr_Format(PyExc_MemoryError, "Arena(chunk_size=%zd): cannot allocate the arena's own record", chunk);
         return NULL;
@@ -185,11 +176,10 @@ static PyObject *arena_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     kpy_arena *self = (kpy_arena *)type->tp_alloc(type, 0);
     if (!self) {
         kp_arena_destroy(a);
-        PyThread_free_lock(lock);
         return NULL;
     }
     self->arena = a;
-    self->lock = lock;
+    pthread_mutex_init(&self->mu, NULL);
     self->state = kpy_state_of_type(type);
     self->chunk_size = (size_t)chunk;
     return (PyObject *)self;
@@ -201,8 +191,10 @@ static void arena_dealloc(kpy_arena *self) {
      * (live == 0); their traces may be */
     untrack_all(self);
     PyMem_RawFree(self->traced);
-    if (self->arena) kp_arena_destroy(self->arena);
-    if (self->lock) PyThread_free_lock(self->lock);
+    if (self->arena) {
+        kp_arena_destroy(self->arena);
+        pthread_mutex_destroy(&self->mu);
+    }
     tp->tp_free((PyObject *)self);
     Py_DECREF(tp);
 }

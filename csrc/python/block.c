@@ -17,6 +17,13 @@
  * behaves as released. Every operation checks for a dead block after the
  * conversions of its arguments (__index__, a value's buffer), which run
  * Python code that may release it.
+ *
+ * Locking (kpy.h, "Threads and the GIL"): where KPY_FT every read or change
+ * of released, exports, ptr, size and traced, and every use of the memory
+ * here, happens under kpy_block_lock (the Block's own mutex, or its arena's
+ * for an arena Block); each operation copies out what it needs, unlocks,
+ * and then makes its result or raises. In a GIL build the lock calls
+ * compile to nothing.
  */
 #include "kpy.h"
 
@@ -32,17 +39,37 @@
 #define KPY_READONLY READONLY
 #endif
 
-/* 1 if b's memory may no longer be used (released, or its arena was reset). */
-static int block_dead(kpy_block *b) {
-    if (b->released) return 1;
-    if (b->kind == KPY_ARENA && !kpy_arena_current(b->owner, b->generation)) return 1;
-    return 0;
+/* Why b's memory may no longer be used: ALIVE, RELEASED, or RESET (its
+ * arena was reset). REQUIRES: b's lock (kpy_block_lock). */
+enum { ALIVE = 0, RELEASED = 1, RESET = 2 };
+static inline int block_state(kpy_block *b) {
+    if (b->released) return RELEASED;
+    if (b->kind == KPY_ARENA && !kpy_arena_current(b->owner, b->generation)) return RESET;
+    return ALIVE;
 }
 
-/* Raise ValueError for use of a dead block; returns -1 for convenience. */
-static int block_dead_error(kpy_block *b) {
-    PyErr_SetString(PyExc_ValueError, b->released ? "operation on a released Block"
-                                                  : "operation on a Block of an Arena that was reset");
+/* Raise ValueError for use of a dead block (why: RELEASED or RESET);
+ * returns -1 for convenience. */
+static int dead_error(int why) {
+    PyErr_SetString(PyExc_ValueError, why == RELEASED ? "operation on a released Block"
+                                                      : "operation on a Block of an Arena that was reset");
+    return -1;
+}
+
+/* b's state, and its ptr and size, read under its lock. */
+static inline int block_peek(kpy_block *b, char **ptr, Py_ssize_t *size) {
+    kpy_block_lock(b);
+    int why = block_state(b);
+    *ptr = b->ptr;
+    *size = b->size;
+    kpy_block_unlock(b);
+    return why;
+}
+
+/* BufferError for releasing or resizing a Block with n views alive. Returns -1. */
+static int exported_error(const char *what, Py_ssize_t n) {
+    PyErr_Format(PyExc_BufferError, "cannot %s a Block while %zd view%s of it %s alive (release the memoryview first)",
+                 what, n, n == 1 ? "" : "s", n == 1 ? "is" : "are");
     return -1;
 }
 
@@ -61,38 +88,54 @@ void kpy_spare_clear(kpy_spare *spare) {
 
 kpy_block *kpy_block_alloc(PyTypeObject *tp) { return (kpy_block *)tp->tp_alloc(tp, 0); }
 
-/* Give the memory back to where it came from. REQUIRES: not released, no exports. */
-static void block_free_memory(kpy_block *b) {
-    switch (b->kind) {
-    case KPY_HEAP:
-        if (b->traced) kpy_untrack(b->ptr);
-        kp_free_sized(b->ptr, (size_t)b->size);
-        kpy_live_add(&((kpy_state *)PyType_GetModuleState(Py_TYPE(b)))->live[KPY_HEAP], -1);
-        break;
-    case KPY_POOL:
-        kpy_bufferpool_put((kpy_bufferpool *)b->owner, b->ptr, b->traced);
-        break;
-    default:  /* arena: freed all at once by the arena (and untracked then) */
-        kpy_arena_block_gone(b->owner, b->generation);
-        break;
+/* Under b's lock: mark b released. Returns 1 if the caller must give the
+ * memory (*ptr, *size, *traced) back, 0 if there is nothing to give back
+ * (released already, or its arena was reset: an arena Block's memory stays
+ * the arena's), -1 while views are alive (*exports of them; b unchanged).
+ * An arena Block leaves the arena's live count here, under the arena's lock. */
+static inline int block_take(kpy_block *b, char **ptr, Py_ssize_t *size, int *traced, Py_ssize_t *exports) {
+    int r;
+    kpy_block_lock(b);
+    if (b->released) {
+        r = 0;
+    } else if (b->exports > 0) {
+        *exports = b->exports;
+        r = -1;
+    } else {
+        if (b->kind == KPY_ARENA) {
+            kpy_arena_block_gone_locked(b->owner, b->generation);
+            r = 0;
+        } else {
+            *ptr = b->ptr;
+            *size = b->size;
+            *traced = b->traced;
+            r = 1;
+        }
+        b->released = 1;
+        b->ptr = NULL;
     }
-    b->released = 1;
-    b->ptr = NULL;
+    kpy_block_unlock(b);
+    return r;
+}
+
+/* Give memory taken by block_take back to where it came from (no lock held). */
+static inline void block_give_back(kpy_block *b, char *ptr, Py_ssize_t size, int traced) {
+    if (b->kind == KPY_HEAP) {
+        if (traced) kpy_untrack(ptr);
+        kp_free_sized(ptr, (size_t)size);
+        kpy_live_add(&((kpy_state *)PyType_GetModuleState(Py_TYPE(b)))->live[KPY_HEAP], -1);
+    } else {
+        kpy_bufferpool_put((kpy_bufferpool *)b->owner, ptr, traced);
+    }
 }
 
 int kpy_block_release(kpy_block *b) {
-    if (b->released) return 0;
-    if (b->exports > 0) {
-        PyErr_Format(PyExc_BufferError, "cannot release a Block while %zd view%s of it %s alive (release the memoryview first)",
-                     b->exports, b->exports == 1 ? "" : "s", b->exports == 1 ? "is" : "are");
-        return -1;
-    }
-    if (b->kind == KPY_ARENA && !kpy_arena_current(b->owner, b->generation)) {
-        b->released = 1;
-        b->ptr = NULL;
-        return 0;
-    }
-    block_free_memory(b);
+    char *ptr = NULL;
+    Py_ssize_t size = 0, exports = 0;
+    int traced = 0;
+    int r = block_take(b, &ptr, &size, &traced, &exports);
+    if (r < 0) return exported_error("release", exports);
+    if (r > 0) block_give_back(b, ptr, size, traced);
     return 0;
 }
 
@@ -102,10 +145,13 @@ static void block_dealloc(kpy_block *b) {
      * sees a Block that is going away (released or not) */
     if (b->weakreflist) PyObject_ClearWeakRefs((PyObject *)b);
     /* exports > 0 cannot happen here: every view holds a reference to b */
-    if (!b->released && b->exports == 0) {
-        if (b->kind == KPY_ARENA && !kpy_arena_current(b->owner, b->generation)) b->released = 1;
-        else block_free_memory(b);
-    }
+    char *ptr = NULL;
+    Py_ssize_t size = 0, exports = 0;
+    int traced = 0;
+    if (block_take(b, &ptr, &size, &traced, &exports) > 0) block_give_back(b, ptr, size, traced);
+#if KPY_FT
+    pthread_mutex_destroy(&b->mu);
+#endif
     kpy_spare *spare = NULL;
     if (b->kind == KPY_POOL) spare = &((kpy_bufferpool *)b->owner)->spare;
     else if (b->kind == KPY_HEAP) {
@@ -124,20 +170,36 @@ static void block_dealloc(kpy_block *b) {
 /* ---- buffer protocol ------------------------------------------------------ */
 
 static int block_getbuffer(kpy_block *b, Py_buffer *view, int flags) {
-    if (block_dead(b)) {
-        view->obj = NULL;
-        return block_dead_error(b);
+    kpy_block_lock(b);
+    int why = block_state(b);
+    if (!why) {
+        b->exports++;
+        if (b->kind == KPY_ARENA) kpy_arena_export(b->owner, +1);
     }
-    if (PyBuffer_FillInfo(view, (PyObject *)b, b->ptr, b->size, 0, flags) < 0) return -1;
-    b->exports++;
-    if (b->kind == KPY_ARENA) kpy_arena_export(b->owner, +1);
+    char *ptr = b->ptr;
+    Py_ssize_t size = b->size;
+    kpy_block_unlock(b);
+    if (why) {
+        view->obj = NULL;
+        return dead_error(why);
+    }
+    /* exported: ptr stays b's until the view is released */
+    if (PyBuffer_FillInfo(view, (PyObject *)b, ptr, size, 0, flags) < 0) {
+        kpy_block_lock(b);
+        b->exports--;
+        if (b->kind == KPY_ARENA) kpy_arena_export(b->owner, -1);
+        kpy_block_unlock(b);
+        return -1;
+    }
     return 0;
 }
 
 static void block_releasebuffer(kpy_block *b, Py_buffer *view) {
     (void)view;
+    kpy_block_lock(b);
     b->exports--;
     if (b->kind == KPY_ARENA) kpy_arena_export(b->owner, -1);
+    kpy_block_unlock(b);
 }
 
 /* ---- indexing: b[i], b[i:j], b[i:j:k], read and write --------------------- */
@@ -150,28 +212,86 @@ static int index_of(PyObject *key, Py_ssize_t *out) {
     return 0;
 }
 
-/* i made absolute against b's size; -1 with IndexError if out of range. */
-static int index_check(kpy_block *b, Py_ssize_t *i) {
-    if (*i < 0) *i += b->size;
-    if (*i < 0 || *i >= b->size) {
-        PyErr_SetString(PyExc_IndexError, "Block index out of range");
-        return -1;
-    }
-    return 0;
-}
-
 static PyObject *wrong_key(PyObject *key) {
     PyErr_Format(PyExc_TypeError, "Block indices must be integers or slices, not %.100s", Py_TYPE(key)->tp_name);
     return NULL;
 }
 
-static PyObject *block_item(kpy_block *b, Py_ssize_t i) {
-    if (block_dead(b)) return block_dead_error(b), NULL;
-    if (i < 0 || i >= b->size) {  /* the sequence protocol made i absolute already */
-        PyErr_SetString(PyExc_IndexError, "Block index out of range");
-        return NULL;
+static PyObject *index_error(void) {
+    PyErr_SetString(PyExc_IndexError, "Block index out of range");
+    return NULL;
+}
+
+/* b[i] read under b's lock: the byte, or -1 if i is out of range. A
+ * negative i counts from the end if wrap (else it is out of range: the
+ * sequence protocol made i absolute already). *why: b's state (the byte
+ * only when ALIVE). */
+static inline int byte_get(kpy_block *b, Py_ssize_t i, int wrap, int *why) {
+    int v = -1;
+    kpy_block_lock(b);
+    if (!(*why = block_state(b))) {
+        if (i < 0 && wrap) i += b->size;
+        if (i >= 0 && i < b->size) v = (unsigned char)b->ptr[i];
     }
-    return PyLong_FromLong((unsigned char)b->ptr[i]);
+    kpy_block_unlock(b);
+    return v;
+}
+
+/* b[i] = x under b's lock (i < 0 counts from the end): 0, or -1 if i is out
+ * of range. *why: b's state (written only when ALIVE). */
+static inline int byte_set(kpy_block *b, Py_ssize_t i, int x, int *why) {
+    int r = -1;
+    kpy_block_lock(b);
+    if (!(*why = block_state(b))) {
+        if (i < 0) i += b->size;
+        if (i >= 0 && i < b->size) {
+            b->ptr[i] = (char)x;
+            r = 0;
+        }
+    }
+    kpy_block_unlock(b);
+    return r;
+}
+
+static PyObject *block_item(kpy_block *b, Py_ssize_t i) {
+    int why;
+    int v = byte_get(b, i, 0, &why);
+    if (why) return dead_error(why), NULL;
+    if (v < 0) return index_error();
+    return PyLong_FromLong(v);
+}
+
+/* b[start:stop:step] as bytes (new reference) or NULL. The bytes object is
+ * made first, for the size read under the lock, and filled under it; if a
+ * resize changed the size in between, again. */
+static PyObject *slice_get(kpy_block *b, Py_ssize_t start, Py_ssize_t stop, Py_ssize_t step) {
+    for (;;) {
+        char *ptr;
+        Py_ssize_t size;
+        int why = block_peek(b, &ptr, &size);
+        if (why) return dead_error(why), NULL;
+        Py_ssize_t s = start, e = stop;
+        Py_ssize_t n = PySlice_AdjustIndices(size, &s, &e, step);
+#if !KPY_FT
+        /* with the GIL nothing changes b meanwhile (making bytes runs no Python code) */
+        if (step == 1) return PyBytes_FromStringAndSize(ptr + s, n);
+#endif
+        PyObject *r = PyBytes_FromStringAndSize(NULL, n);
+        if (!r) return NULL;
+        char *d = PyBytes_AS_STRING(r);
+        kpy_block_lock(b);
+        why = block_state(b);
+        int same = !why && b->size == size;
+        if (same) {
+            if (step == 1) memcpy(d, b->ptr + s, (size_t)n);
+            else
+                for (Py_ssize_t k = 0, j = s; k < n; k++, j += step) d[k] = b->ptr[j];
+        }
+        kpy_block_unlock(b);
+        if (same) return r;
+        Py_DECREF(r);
+        if (why) return dead_error(why), NULL;
+    }
 }
 
 static PyObject *block_subscript(kpy_block *b, PyObject *key) {
@@ -179,21 +299,16 @@ static PyObject *block_subscript(kpy_block *b, PyObject *key) {
         Py_ssize_t i;
         if (index_of(key, &i) < 0) return NULL;
         /* checked after the conversion: __index__ may have released b */
-        if (block_dead(b)) return block_dead_error(b), NULL;
-        if (index_check(b, &i) < 0) return NULL;
-        return PyLong_FromLong((unsigned char)b->ptr[i]);
+        int why;
+        int v = byte_get(b, i, 1, &why);
+        if (why) return dead_error(why), NULL;
+        if (v < 0) return index_error();
+        return PyLong_FromLong(v);
     }
     if (!PySlice_Check(key)) return wrong_key(key);
     Py_ssize_t start, stop, step;
     if (PySlice_Unpack(key, &start, &stop, &step) < 0) return NULL;
-    if (block_dead(b)) return block_dead_error(b), NULL;
-    Py_ssize_t n = PySlice_AdjustIndices(b->size, &start, &stop, step);
-    if (step == 1) return PyBytes_FromStringAndSize(b->ptr + start, n);
-    PyObject *r = PyBytes_FromStringAndSize(NULL, n);
-    if (!r) return NULL;
-    char *d = PyBytes_AS_STRING(r);
-    for (Py_ssize_t k = 0, j = start; k < n; k++, j += step) d[k] = b->ptr[j];
-    return r;
+    return slice_get(b, start, stop, step);
 }
 
 /* A byte value for b[i] = v: an int in 0..255. -1 with TypeError/ValueError. */
@@ -268,19 +383,53 @@ static int slice_value_get(PyObject *v, slice_value *sv) {
     return 0;
 }
 
+/* The bytes of sv into b[start:stop:step] under b's lock. 0; -1 with *n set
+ * when sv's length differs from the slice's (*n); -2 out of memory. *why:
+ * b's state (written only when ALIVE). */
+static int slice_set(kpy_block *b, Py_ssize_t start, Py_ssize_t stop, Py_ssize_t step, const slice_value *sv,
+                     Py_ssize_t *n, int *why) {
+    int r = 0;
+    kpy_block_lock(b);
+    if ((*why = block_state(b))) goto out;
+    *n = PySlice_AdjustIndices(b->size, &start, &stop, step);
+    if (sv->len != *n) {
+        r = -1;
+    } else if (step == 1) {
+        memmove(b->ptr + start, sv->buf, (size_t)*n);  /* the value may be a view of b itself */
+    } else if (*n > 0) {
+        const char *src = sv->buf;
+        char *tmp = NULL;
+        if (src < b->ptr + b->size && src + *n > b->ptr) {  /* overlaps b: copy it first */
+            if (!(tmp = PyMem_RawMalloc((size_t)*n))) {  /* callable without the GIL */
+                r = -2;
+                goto out;
+            }
+            memcpy(tmp, src, (size_t)*n);
+            src = tmp;
+        }
+        for (Py_ssize_t k = 0, j = start; k < *n; k++, j += step) b->ptr[j] = src[k];
+        PyMem_RawFree(tmp);
+    }
+out:
+    kpy_block_unlock(b);
+    return r;
+}
+
 static int block_ass_subscript(kpy_block *b, PyObject *key, PyObject *v) {
     if (!v) {
         PyErr_SetString(PyExc_TypeError, "cannot delete from a Block: its size is fixed (see resize())");
         return -1;
     }
+    int why;
     if (PyIndex_Check(key)) {
         Py_ssize_t i;
         if (index_of(key, &i) < 0) return -1;
         int x = byte_of(v);
         if (x < 0) return -1;
-        if (block_dead(b)) return block_dead_error(b);
-        if (index_check(b, &i) < 0) return -1;
-        b->ptr[i] = (char)x;
+        /* checked after the conversions, which may have released b */
+        int r = byte_set(b, i, x, &why);
+        if (why) return dead_error(why);
+        if (r < 0) return index_error(), -1;
         return 0;
     }
     if (!PySlice_Check(key)) return wrong_key(key), -1;
@@ -289,38 +438,20 @@ static int block_ass_subscript(kpy_block *b, PyObject *key, PyObject *v) {
     slice_value sv;
     if (slice_value_get(v, &sv) < 0) return -1;
     /* everything that may run Python code is done: check b now */
-    int rc = -1;
-    if (block_dead(b)) {
-        block_dead_error(b);
-        goto done;
-    }
-    Py_ssize_t n = PySlice_AdjustIndices(b->size, &start, &stop, step);
-    if (sv.len != n) {
+    Py_ssize_t n = 0;
+    int r = slice_set(b, start, stop, step, &sv, &n, &why);
+    if (why) {
+        r = dead_error(why);
+    } else if (r == -1) {
         PyErr_Format(PyExc_ValueError,
                      "a Block cannot change size by slice assignment: the slice has %zd byte%s, the value %zd "
                      "(use resize() on a heap Block)", n, n == 1 ? "" : "s", sv.len);
-        goto done;
+    } else if (r == -2) {
+        kpy_no_memory("Block slice assignment", (size_t)n);
+        r = -1;
     }
-    if (step == 1) {
-        memmove(b->ptr + start, sv.buf, (size_t)n);  /* the value may be a view of b itself */
-    } else if (n > 0) {
-        const char *src = sv.buf;
-        char *tmp = NULL;
-        if (src < b->ptr + b->size && src + n > b->ptr) {  /* overlaps b: copy it first */
-            if (!(tmp = PyMem_Malloc((size_t)n))) {
-                kpy_no_memory("Block slice assignment", (size_t)n);
-                goto done;
-            }
-            memcpy(tmp, src, (size_t)n);
-            src = tmp;
-        }
-        for (Py_ssize_t k = 0, j = start; k < n; k++, j += step) b->ptr[j] = src[k];
-        PyMem_Free(tmp);
-    }
-    rc = 0;
-done:
     slice_value_release(&sv);
-    return rc;
+    return r;
 }
 
 /* ---- methods and attributes ----------------------------------------------- */
@@ -331,7 +462,10 @@ static PyObject *block_release_meth(kpy_block *b, PyObject *unused) {
 }
 
 static PyObject *block_enter(kpy_block *b, PyObject *unused) {
-    if (block_dead(b)) return block_dead_error(b), NULL;
+    char *ptr;
+    Py_ssize_t size;
+    int why = block_peek(b, &ptr, &size);
+    if (why) return dead_error(why), NULL;
     Py_INCREF(b);
     return (PyObject *)b;
 }
@@ -346,65 +480,100 @@ static const char *const kind_names[] = {"heap", "pool", "arena"};
 static PyObject *block_resize(kpy_block *b, PyObject *arg) {
     Py_ssize_t n;
     if (kpy_size_arg(arg, "size", 1, &n) < 0) return NULL;
-    if (block_dead(b)) return block_dead_error(b), NULL;  /* after __index__, which may release b */
-    if (b->kind != KPY_HEAP) {
+    /* checked after __index__, which may release b */
+    enum { OK, DEAD, NOT_HEAP, EXPORTED, NO_MEMORY } err = OK;
+    Py_ssize_t exports = 0;
+    kpy_block_lock(b);
+    int why = block_state(b);
+    if (why) {
+        err = DEAD;
+    } else if (b->kind != KPY_HEAP) {
+        err = NOT_HEAP;
+    } else if (b->exports > 0) {
+        err = EXPORTED;
+        exports = b->exports;
+    } else if (n != b->size) {
+        /* tracemalloc's calls under the lock: the trace must go before
+         * kp_realloc may free the address, which another thread may then
+         * take and trace (they run no Python code, take no kpool lock) */
+        if (b->traced) kpy_untrack(b->ptr);
+        char *p = kp_realloc(b->ptr, (size_t)n);
+        if (!p) {
+            b->traced = kpy_track(b->ptr, (size_t)b->size) == 0;
+            err = NO_MEMORY;  /* the block is left as it was */
+        } else {
+            b->ptr = p;
+            b->size = n;
+            b->traced = kpy_track(p, (size_t)n) == 0;
+        }
+    }
+    kpy_block_unlock(b);
+    switch (err) {
+    case OK: Py_RETURN_NONE;
+    case DEAD: return dead_error(why), NULL;
+    case NOT_HEAP:
         PyErr_Format(PyExc_TypeError,
                      "resize() works on heap Blocks (from kpool.malloc) only: this is %s, whose size is fixed",
                      b->kind == KPY_POOL ? "a BufferPool buffer" : "an Arena block");
         return NULL;
+    case EXPORTED: return exported_error("resize", exports), NULL;
+    default: return kpy_no_memory("Block.resize", (size_t)n);
     }
-    if (b->exports > 0) {
-        PyErr_Format(PyExc_BufferError, "cannot resize a Block while %zd view%s of it %s alive (release the memoryview first)",
-                     b->exports, b->exports == 1 ? "" : "s", b->exports == 1 ? "is" : "are");
-        return NULL;
-    }
-    if (n != b->size) {
-        if (b->traced) kpy_untrack(b->ptr);  /* before kp_realloc may free it */
-        char *p = kp_realloc(b->ptr, (size_t)n);
-        if (!p) {
-            b->traced = kpy_track(b->ptr, (size_t)b->size) == 0;
-            return kpy_no_memory("Block.resize", (size_t)n);  /* the block is left as it was */
-        }
-        b->ptr = p;
-        b->size = n;
-        b->traced = kpy_track(p, (size_t)n) == 0;
-    }
-    Py_RETURN_NONE;
 }
 
 static PyObject *block_get_size(kpy_block *b, void *closure) {
-    if (block_dead(b)) return block_dead_error(b), NULL;
-    return PyLong_FromSsize_t(b->size);
+    char *ptr;
+    Py_ssize_t size;
+    int why = block_peek(b, &ptr, &size);
+    if (why) return dead_error(why), NULL;
+    return PyLong_FromSsize_t(size);
 }
 
 static PyObject *block_get_address(kpy_block *b, void *closure) {
-    if (block_dead(b)) return block_dead_error(b), NULL;
-    return PyLong_FromVoidPtr(b->ptr);
+    char *ptr;
+    Py_ssize_t size;
+    int why = block_peek(b, &ptr, &size);
+    if (why) return dead_error(why), NULL;
+    return PyLong_FromVoidPtr(ptr);
 }
 
 static PyObject *block_get_usable_size(kpy_block *b, void *closure) {
-    if (block_dead(b)) return block_dead_error(b), NULL;
-    size_t n;
-    switch (b->kind) {
-    case KPY_HEAP: n = kp_usable_size(b->ptr); break;
-    case KPY_POOL: n = ((kpy_bufferpool *)b->owner)->block_size; break;
-    default: n = (size_t)b->size; break;
+    size_t n = 0;
+    kpy_block_lock(b);
+    int why = block_state(b);
+    if (!why) {
+        switch (b->kind) {
+        case KPY_HEAP: n = kp_usable_size(b->ptr); break;  /* under the lock: a release may free ptr */
+        case KPY_POOL: n = ((kpy_bufferpool *)b->owner)->block_size; break;
+        default: n = (size_t)b->size; break;
+        }
     }
+    kpy_block_unlock(b);
+    if (why) return dead_error(why), NULL;
     return PyLong_FromSize_t(n);
 }
 
-static PyObject *block_get_released(kpy_block *b, void *closure) { return PyBool_FromLong(block_dead(b)); }
+static PyObject *block_get_released(kpy_block *b, void *closure) {
+    char *ptr;
+    Py_ssize_t size;
+    return PyBool_FromLong(block_peek(b, &ptr, &size) != ALIVE);
+}
 
 static PyObject *block_get_kind(kpy_block *b, void *closure) { return PyUnicode_FromString(kind_names[b->kind]); }
 
 static Py_ssize_t block_len(kpy_block *b) {
-    if (block_dead(b)) return block_dead_error(b);
-    return b->size;
+    char *ptr;
+    Py_ssize_t size;
+    int why = block_peek(b, &ptr, &size);
+    if (why) return dead_error(why);
+    return size;
 }
 
 static PyObject *block_repr(kpy_block *b) {
-    if (block_dead(b)) return PyUnicode_FromFormat("<kpool.Block %s, released>", kind_names[b->kind]);
-    return PyUnicode_FromFormat("<kpool.Block %s, size=%zd, address=%p>", kind_names[b->kind], b->size, (void *)b->ptr);
+    char *ptr;
+    Py_ssize_t size;
+    if (block_peek(b, &ptr, &size)) return PyUnicode_FromFormat("<kpool.Block %s, released>", kind_names[b->kind]);
+    return PyUnicode_FromFormat("<kpool.Block %s, size=%zd, address=%p>", kind_names[b->kind], size, (void *)ptr);
 }
 
 static PyMethodDef block_methods[] = {

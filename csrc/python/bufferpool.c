@@ -4,15 +4,25 @@
  * holds a strong reference to the pool; the Block gives it back through
  * kpy_bufferpool_put. The capacity is the kp_pool's (exact across threads).
  *
- * Waiting at capacity (timeout None or > 0): the waiter snapshots seq with
- * the GIL held, releases the GIL and sleeps on cv until a releaser bumps seq
- * or a slice of at most 50 ms passes; then it takes the GIL back, runs
- * PyErr_CheckSignals (so Ctrl-C interrupts it) and tries again. Releasers
- * run with the GIL held and take mu only when waiters > 0, so the fast path
- * takes no lock of ours. Every kp_pool call is made with the GIL held, so
- * close() cannot race with an acquire; a woken waiter checks `closed` first.
+ * Locking (kpy.h, "Threads and the GIL"): where KPY_FT, mu guards the
+ * counters, closed, pool, waiters and seq, and is held around every kp_pool
+ * call; acquire() counts the buffer in in_use in the same hold as its
+ * kp_pool_alloc, so close() (under mu) either sees it and refuses, or ran
+ * first and acquire() finds the pool closed. Exceptions are raised after mu
+ * is released. In a GIL build the GIL guards all of that, and mu only seq
+ * and the waits.
  *
- * Invariants (GIL held): in_use == Blocks of this pool not released;
+ * Waiting at capacity (timeout None or > 0): the waiter snapshots seq, then
+ * sleeps on cv with the GIL released until a releaser bumps seq or a slice
+ * of at most 50 ms passes; then, with the GIL and without mu, it runs
+ * PyErr_CheckSignals (so Ctrl-C interrupts it), checks `closed` and tries
+ * again. Releasers take mu for the wake only when waiters > 0 (in a GIL
+ * build; where KPY_FT they hold it anyway), so the GIL build's fast path
+ * takes no lock of ours.
+ *
+ * Invariants (under mu where KPY_FT, else with the GIL): in_use == buffers
+ * taken from the kp_pool and not given back (Blocks of this pool not
+ * released, plus an acquire() between its kp_pool_alloc and its Block);
  * in_use <= capacity when bounded; closed implies in_use == 0 and pool NULL.
  */
 #include "kpy.h"
@@ -35,56 +45,82 @@ static int64_t now_ns(void) {
 }
 
 void kpy_bufferpool_wake(kpy_bufferpool *self) {
-    pthread_mutex_lock(&self->mu);
+#if !KPY_FT
+    pthread_mutex_lock(&self->mu);  /* where KPY_FT the caller holds it */
+#endif
     self->seq++;
     pthread_cond_broadcast(&self->cv);
+#if !KPY_FT
     pthread_mutex_unlock(&self->mu);
+#endif
 }
 
-/* Raise ValueError if the pool is closed; -1 then, else 0. */
-static int check_open(kpy_bufferpool *self) {
-    if (self->closed || !self->pool) {
-        PyErr_SetString(PyExc_ValueError, "operation on a closed BufferPool");
-        return -1;
-    }
-    return 0;
-}
+/* Why an acquire got no buffer (raised after mu is released). */
+enum { GOT = 0, E_CLOSED, E_NO_CHUNK, E_EXHAUSTED, E_TIMED_OUT, E_RAISED };
 
-/* Raise PoolExhausted for an acquire refused at capacity. Returns NULL. */
-static PyObject *raise_exhausted(kpy_bufferpool *self, int waited) {
-    if (waited)
-        PyErr_Format(self->exhausted, "BufferPool exhausted: all %zu buffers are in use (timed out waiting)", self->capacity);
-    else
+/* Raise the exception for why (E_RAISED: set already). Returns NULL. */
+static PyObject *acquire_error(kpy_bufferpool *self, int why) {
+    switch (why) {
+    case E_CLOSED: PyErr_SetString(PyExc_ValueError, "operation on a closed BufferPool"); break;
+    case E_NO_CHUNK:
+        PyErr_Format(PyExc_MemoryError,
+                     "BufferPool.acquire: cannot allocate a buffer of %zd bytes (no memory for a new chunk)",
+                     self->buffer_size);
+        break;
+    case E_EXHAUSTED:
         PyErr_Format(self->exhausted, "BufferPool exhausted: all %zu buffers are in use", self->capacity);
+        break;
+    case E_TIMED_OUT:
+        PyErr_Format(self->exhausted, "BufferPool exhausted: all %zu buffers are in use (timed out waiting)",
+                     self->capacity);
+        break;
+    default: break;
+    }
     return NULL;
 }
 
-/* MemoryError for a kp_pool_alloc that found no memory for a new chunk. */
-static void no_chunk(kpy_bufferpool *self) {
-    PyErr_Format(PyExc_MemoryError, "BufferPool.acquire: cannot allocate a buffer of %zd bytes (no memory for a new chunk)",
-                 self->buffer_size);
+/* 1 if the pool is closed. REQUIRES: mu where KPY_FT. */
+static inline int is_closed(kpy_bufferpool *self) { return self->closed || !self->pool; }
+
+/* Raise ValueError if the pool is closed; -1 then, else 0. Takes mu. */
+static int check_open(kpy_bufferpool *self) {
+    kpy_ft_lock(&self->mu);
+    int closed = is_closed(self);
+    kpy_ft_unlock(&self->mu);
+    return closed ? (acquire_error(self, E_CLOSED), -1) : 0;
 }
 
 /* Sleep with the GIL released until seq moves past snap or until_ns passes.
- * REQUIRES: GIL held on entry (it is released and taken back). */
+ * REQUIRES: the GIL held on entry (released and taken back); mu held where
+ * KPY_FT (cv releases it while sleeping), not held in a GIL build. */
 static void wait_for_release(kpy_bufferpool *self, uint64_t snap, int64_t until_ns) {
+    struct timespec ts = {(time_t)(until_ns / 1000000000LL), (long)(until_ns % 1000000000LL)};
+#ifndef KPY_NOGIL_EMULATE  /* there kpy_lock released the GIL already */
     Py_BEGIN_ALLOW_THREADS
+#endif
+#if !KPY_FT
     pthread_mutex_lock(&self->mu);
+#endif
     while (self->seq == snap) {
-        struct timespec ts = {(time_t)(until_ns / 1000000000LL), (long)(until_ns % 1000000000LL)};
         if (pthread_cond_timedwait(&self->cv, &self->mu, &ts) == ETIMEDOUT) break;
     }
+#if !KPY_FT
     pthread_mutex_unlock(&self->mu);
+#endif
+#ifndef KPY_NOGIL_EMULATE
     Py_END_ALLOW_THREADS
+#endif
 }
 
 /* One block from the pool after kp_pool_alloc just failed (errno says why),
- * waiting as the timeout says. Returns the block or NULL with an exception
- * set. REQUIRES: GIL held, pool open. */
-__attribute__((noinline)) static char *take_block_slow(kpy_bufferpool *self, double timeout, int forever) {
-    char *p;
-    if (errno != ENOBUFS) return no_chunk(self), NULL;
-    if (!forever && timeout <= 0.0) return raise_exhausted(self, 0), NULL;
+ * waiting as the timeout says. Returns the block, or NULL with *why set.
+ * REQUIRES: pool open; mu held where KPY_FT (dropped around the waits and
+ * the signal check: the pool may be closed when it returns NULL), the GIL
+ * otherwise. */
+__attribute__((noinline)) static char *take_block_slow(kpy_bufferpool *self, double timeout, int forever, int *why) {
+    char *p = NULL;
+    if (errno != ENOBUFS) return *why = E_NO_CHUNK, NULL;
+    if (!forever && timeout <= 0.0) return *why = E_EXHAUSTED, NULL;
 
     kp_pool_note_wait(self->pool);
     self->waits++;
@@ -95,25 +131,46 @@ __attribute__((noinline)) static char *take_block_slow(kpy_bufferpool *self, dou
         p = kp_pool_alloc(self->pool);
         if (p) break;
         if (errno != ENOBUFS) {
-            no_chunk(self);
+            *why = E_NO_CHUNK;
             break;
         }
         int64_t now = now_ns();
         if (now >= deadline) {
             self->timeouts++;
-            raise_exhausted(self, 1);
+            *why = E_TIMED_OUT;
             break;
         }
         int64_t until = deadline - now > WAIT_SLICE_NS ? now + WAIT_SLICE_NS : deadline;
         wait_for_release(self, snap, until);
-        if (PyErr_CheckSignals() < 0) break;
-        if (check_open(self) < 0) break;
+        /* signal handlers run Python code: not under mu */
+        kpy_ft_unlock(&self->mu);
+        int sig = PyErr_CheckSignals();
+        kpy_ft_lock(&self->mu);
+        if (sig < 0) {
+            *why = E_RAISED;
+            break;
+        }
+        if (is_closed(self)) {
+            *why = E_CLOSED;
+            break;
+        }
     }
     self->waiters--;
     return p;
 }
 
 static const char *const acquire_kw[] = {"timeout", NULL};
+
+/* Count a buffer handed out; returns 1 if it was counted as idle before.
+ * REQUIRES: mu where KPY_FT. */
+static inline int count_acquire(kpy_bufferpool *self) {
+    int was_idle = self->idle > 0;
+    self->acquires++;
+    self->in_use++;
+    if (was_idle) self->idle--;
+    if (self->in_use > self->high_water) self->high_water = self->in_use;
+    return was_idle;
+}
 
 static PyObject *bufferpool_acquire(kpy_bufferpool *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     double timeout = 0.0;
@@ -123,21 +180,40 @@ static PyObject *bufferpool_acquire(kpy_bufferpool *self, PyObject *const *args,
         if (kpy_parse_args("acquire", args, nargs, kwnames, acquire_kw, 1, 0, o) < 0) return NULL;
         if (o[0] && kpy_timeout_arg(o[0], &timeout, &forever) < 0) return NULL;
     }
-    if (check_open(self) < 0) return NULL;
-    char *p = kp_pool_alloc(self->pool);  /* the fast path: a free buffer at hand */
-    if (!p && !(p = take_block_slow(self, timeout, forever))) return NULL;
+    char *p = NULL;
+    int why = GOT;
+    kpy_ft_lock(&self->mu);
+    if (is_closed(self)) {
+        why = E_CLOSED;
+    } else {
+        p = kp_pool_alloc(self->pool);  /* the fast path: a free buffer at hand */
+        if (!p) p = take_block_slow(self, timeout, forever, &why);
+    }
+#if KPY_FT
+    /* counted in the same hold as the kp_pool_alloc, so close() sees it */
+    int was_idle = p ? count_acquire(self) : 0;
+#endif
+    kpy_ft_unlock(&self->mu);
+    if (!p) return acquire_error(self, why);
     if (self->zero) memset(p, 0, (size_t)self->buffer_size);
     PyObject *b = kpy_block_new(self->block_type, p, self->buffer_size, KPY_POOL, (PyObject *)self, 0, &self->spare);
-    if (!b) {
+    if (!b) {  /* no Block: the buffer goes back (the pool is open: it counts in in_use where KPY_FT) */
+        kpy_ft_lock(&self->mu);
         kp_pool_free(self->pool, p);
+#if KPY_FT
+        self->acquires--;
+        self->in_use--;
+        if (was_idle) self->idle++;
+        if (self->waiters > 0) kpy_bufferpool_wake(self);
+#endif
+        kpy_ft_unlock(&self->mu);
         return NULL;
     }
+#if !KPY_FT
+    (void)count_acquire(self);  /* with the GIL, once the Block exists (nothing to undo) */
+#endif
     kpy_live_add(&self->state->live[KPY_POOL], 1);
-    ((kpy_block *)b)->traced = kpy_track(p, (size_t)self->buffer_size) == 0;
-    self->acquires++;
-    self->in_use++;
-    if (self->idle > 0) self->idle--;
-    if (self->in_use > self->high_water) self->high_water = self->in_use;
+    ((kpy_block *)b)->traced = kpy_track(p, (size_t)self->buffer_size) == 0;  /* not shared yet */
     return b;
 }
 
@@ -161,23 +237,30 @@ static PyObject *bufferpool_stats(kpy_bufferpool *self, PyObject *unused) {
     kp_pool_stats st;
     memset(&st, 0, sizeof st);
     st.struct_size = sizeof st;
-    if (self->pool && kp_pool_stats_get(self->pool, &st) < 0) return PyErr_SetFromErrno(PyExc_OSError);
-    if (!self->pool) st = self->final;  /* closed: the counters as close() left them, no memory */
+    int rc = 0;
+    kpy_ft_lock(&self->mu);  /* one snapshot: the counters and the kp_pool's together */
+    if (self->pool) rc = kp_pool_stats_get(self->pool, &st);
+    else st = self->final;  /* closed: the counters as close() left them, no memory */
+    uint64_t acquires = self->acquires, releases = self->releases, waits = self->waits, timeouts = self->timeouts;
+    Py_ssize_t high_water = self->high_water, in_use = self->in_use, idle = self->idle;
+    int closed = self->closed;
+    kpy_ft_unlock(&self->mu);
+    if (rc < 0) return PyErr_SetFromErrno(PyExc_OSError);
     uint64_t pre = (uint64_t)self->prealloc;
     uint64_t misses = st.misses > pre ? st.misses - pre : 0;
-    if (misses > self->acquires) misses = self->acquires;
+    if (misses > acquires) misses = acquires;
     PyObject *d = PyDict_New();
     if (!d) return NULL;
-    if (kpy_dict_steal(d, "acquires", PyLong_FromUnsignedLongLong(self->acquires)) < 0 ||
-        kpy_dict_steal(d, "releases", PyLong_FromUnsignedLongLong(self->releases)) < 0 ||
-        kpy_dict_steal(d, "hits", PyLong_FromUnsignedLongLong(self->acquires - misses)) < 0 ||
+    if (kpy_dict_steal(d, "acquires", PyLong_FromUnsignedLongLong(acquires)) < 0 ||
+        kpy_dict_steal(d, "releases", PyLong_FromUnsignedLongLong(releases)) < 0 ||
+        kpy_dict_steal(d, "hits", PyLong_FromUnsignedLongLong(acquires - misses)) < 0 ||
         kpy_dict_steal(d, "misses", PyLong_FromUnsignedLongLong(misses)) < 0 ||
-        kpy_dict_steal(d, "high_water", PyLong_FromSsize_t(self->high_water)) < 0 ||
-        kpy_dict_steal(d, "waits", PyLong_FromUnsignedLongLong(self->waits)) < 0 ||
-        kpy_dict_steal(d, "timeouts", PyLong_FromUnsignedLongLong(self->timeouts)) < 0 ||
+        kpy_dict_steal(d, "high_water", PyLong_FromSsize_t(high_water)) < 0 ||
+        kpy_dict_steal(d, "waits", PyLong_FromUnsignedLongLong(waits)) < 0 ||
+        kpy_dict_steal(d, "timeouts", PyLong_FromUnsignedLongLong(timeouts)) < 0 ||
         kpy_dict_steal(d, "exhausted", PyLong_FromUnsignedLongLong(st.exhausted)) < 0 ||
-        kpy_dict_steal(d, "in_use", PyLong_FromSsize_t(self->in_use)) < 0 ||
-        kpy_dict_steal(d, "idle", PyLong_FromSsize_t(self->idle)) < 0 ||
+        kpy_dict_steal(d, "in_use", PyLong_FromSsize_t(in_use)) < 0 ||
+        kpy_dict_steal(d, "idle", PyLong_FromSsize_t(idle)) < 0 ||
         kpy_dict_steal(d, "prealloc", PyLong_FromSsize_t(self->prealloc)) < 0 ||
         kpy_dict_steal(d, "capacity", self->capacity ? PyLong_FromSize_t(self->capacity) : Py_NewRef(Py_None)) < 0 ||
         kpy_dict_steal(d, "buffer_size", PyLong_FromSsize_t(self->buffer_size)) < 0 ||
@@ -190,7 +273,7 @@ static PyObject *bufferpool_stats(kpy_bufferpool *self, PyObject *unused) {
         kpy_dict_steal(d, "pool_hits", PyLong_FromUnsignedLongLong(st.hits)) < 0 ||
         kpy_dict_steal(d, "pool_misses", PyLong_FromUnsignedLongLong(st.misses)) < 0 ||
         kpy_dict_steal(d, "pool_high_water", PyLong_FromSize_t(st.high_water)) < 0 ||
-        kpy_dict_steal(d, "closed", PyBool_FromLong(self->closed)) < 0) {
+        kpy_dict_steal(d, "closed", PyBool_FromLong(closed)) < 0) {
         Py_DECREF(d);
         return NULL;
     }
@@ -198,38 +281,43 @@ static PyObject *bufferpool_stats(kpy_bufferpool *self, PyObject *unused) {
 }
 
 static PyObject *bufferpool_trim(kpy_bufferpool *self, PyObject *unused) {
-    if (check_open(self) < 0) return NULL;
-    size_t released = kp_pool_trim(self->pool);
-    if (released > 0) {
-        /* whole chunks went: the idle buffers they held are gone */
-        Py_ssize_t gone = (Py_ssize_t)(released / self->block_size);
-        self->idle = (self->in_use == 0 || gone >= self->idle) ? 0 : self->idle - gone;
+    size_t released = 0;
+    kpy_ft_lock(&self->mu);
+    int closed = is_closed(self);
+    if (!closed) {
+        released = kp_pool_trim(self->pool);
+        if (released > 0) {
+            /* whole chunks went: the idle buffers they held are gone */
+            Py_ssize_t gone = (Py_ssize_t)(released / self->block_size);
+            self->idle = (self->in_use == 0 || gone >= self->idle) ? 0 : self->idle - gone;
+        }
     }
+    kpy_ft_unlock(&self->mu);
+    if (closed) return acquire_error(self, E_CLOSED);
     return PyLong_FromSize_t(released);
 }
 
 /* Close: 0 on success (also when closed already), -1 with BufferError. */
 static int do_close(kpy_bufferpool *self) {
-    if (self->closed) return 0;
-    if (self->in_use > 0) {
-        PyErr_Format(PyExc_BufferError, "cannot close a BufferPool while %zd buffer%s %s in use", self->in_use,
-                     self->in_use == 1 ? "" : "s", self->in_use == 1 ? "is" : "are");
-        return -1;
+    Py_ssize_t in_use = 0;
+    kpy_ft_lock(&self->mu);  /* no kp_pool call of another thread is in progress */
+    if (!self->closed && (in_use = self->in_use) == 0) {
+        /* keep the counters: stats() after close still tells hits from misses */
+        memset(&self->final, 0, sizeof self->final);
+        self->final.struct_size = sizeof self->final;
+        (void)kp_pool_stats_get(self->pool, &self->final);
+        self->final.bytes_mapped = self->final.chunks = self->final.live = 0;
+        self->closed = 1;
+        kp_pool_destroy(self->pool);
+        self->pool = NULL;
+        self->idle = 0;
+        if (self->waiters > 0) kpy_bufferpool_wake(self);  /* woken waiters see closed and raise ValueError */
     }
-    /* keep the counters: stats() after close still tells hits from misses */
-    memset(&self->final, 0, sizeof self->final);
-    self->final.struct_size = sizeof self->final;
-    (void)kp_pool_stats_get(self->pool, &self->final);
-    self->final.bytes_mapped = self->final.chunks = self->final.live = 0;
-    self->closed = 1;
-    kp_pool_destroy(self->pool);
-    self->pool = NULL;
-    self->idle = 0;
-    if (self->waiters > 0) {  /* woken waiters see closed and raise ValueError */
-        pthread_mutex_lock(&self->mu);
-        self->seq++;
-        pthread_cond_broadcast(&self->cv);
-        pthread_mutex_unlock(&self->mu);
+    kpy_ft_unlock(&self->mu);
+    if (in_use > 0) {
+        PyErr_Format(PyExc_BufferError, "cannot close a BufferPool while %zd buffer%s %s in use", in_use,
+                     in_use == 1 ? "" : "s", in_use == 1 ? "is" : "are");
+        return -1;
     }
     return 0;
 }
@@ -253,19 +341,36 @@ static PyObject *get_buffer_size(kpy_bufferpool *self, void *c) { return PyLong_
 static PyObject *get_capacity(kpy_bufferpool *self, void *c) {
     return self->capacity ? PyLong_FromSize_t(self->capacity) : Py_NewRef(Py_None);
 }
-static PyObject *get_in_use(kpy_bufferpool *self, void *c) { return PyLong_FromSsize_t(self->in_use); }
-static PyObject *get_idle(kpy_bufferpool *self, void *c) { return PyLong_FromSsize_t(self->idle); }
+/* One counter or flag read under mu. */
+static Py_ssize_t read_locked(kpy_bufferpool *self, const Py_ssize_t *field) {
+    kpy_ft_lock(&self->mu);
+    Py_ssize_t v = *field;
+    kpy_ft_unlock(&self->mu);
+    return v;
+}
+
+static PyObject *get_in_use(kpy_bufferpool *self, void *c) { return PyLong_FromSsize_t(read_locked(self, &self->in_use)); }
+static PyObject *get_idle(kpy_bufferpool *self, void *c) { return PyLong_FromSsize_t(read_locked(self, &self->idle)); }
 static PyObject *get_align(kpy_bufferpool *self, void *c) { return PyLong_FromSize_t(self->align); }
 static PyObject *get_zero(kpy_bufferpool *self, void *c) { return PyBool_FromLong(self->zero); }
-static PyObject *get_closed(kpy_bufferpool *self, void *c) { return PyBool_FromLong(self->closed); }
+static PyObject *get_closed(kpy_bufferpool *self, void *c) {
+    kpy_ft_lock(&self->mu);
+    int closed = self->closed;
+    kpy_ft_unlock(&self->mu);
+    return PyBool_FromLong(closed);
+}
 
 static PyObject *bufferpool_repr(kpy_bufferpool *self) {
-    if (self->closed) return PyUnicode_FromFormat("<kpool.BufferPool buffer_size=%zd, closed>", self->buffer_size);
+    kpy_ft_lock(&self->mu);
+    int closed = self->closed;
+    Py_ssize_t in_use = self->in_use, idle = self->idle;
+    kpy_ft_unlock(&self->mu);
+    if (closed) return PyUnicode_FromFormat("<kpool.BufferPool buffer_size=%zd, closed>", self->buffer_size);
     if (self->capacity)
         return PyUnicode_FromFormat("<kpool.BufferPool buffer_size=%zd, capacity=%zu, in_use=%zd, idle=%zd>",
-                                    self->buffer_size, self->capacity, self->in_use, self->idle);
-    return PyUnicode_FromFormat("<kpool.BufferPool buffer_size=%zd, in_use=%zd, idle=%zd>", self->buffer_size,
-                                self->in_use, self->idle);
+                                    self->buffer_size, self->capacity, in_use, idle);
+    return PyUnicode_FromFormat("<kpool.BufferPool buffer_size=%zd, in_use=%zd, idle=%zd>", self->buffer_size, in_use,
+                                idle);
 }
 
 /* ---- construction ------------------------------------------------------------ */

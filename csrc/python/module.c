@@ -742,6 +742,20 @@ static int module_exec(PyObject *m) {
 #endif
                                 ) < 0)
         return -1;
+    /* how the objects' state is guarded (kpy.h): "gil", "free-threaded",
+     * or the test builds "emulated" and "emulated-unlocked" */
+    if (PyModule_AddStringConstant(m, "_FT_MODE",
+#if defined(KPY_NOGIL_EMULATE_UNLOCKED)
+                                   "emulated-unlocked"
+#elif defined(KPY_NOGIL_EMULATE)
+                                   "emulated"
+#elif defined(Py_GIL_DISABLED)
+                                   "free-threaded"
+#else
+                                   "gil"
+#endif
+                                   ) < 0)
+        return -1;
     if (PyModule_AddObject(m, "TRACEMALLOC_DOMAIN", PyLong_FromUnsignedLong(KPY_TRACEMALLOC_DOMAIN)) < 0) return -1;
     if (PyModule_AddObject(m, "POOL_MAX_BLOCK", PyLong_FromSize_t(KP_POOL_MAX_BLOCK)) < 0) return -1;
     if (PyModule_AddObject(m, "POOL_MAX_ALIGN", PyLong_FromSize_t(KP_POOL_MAX_ALIGN)) < 0) return -1;
@@ -782,10 +796,14 @@ static void module_free(void *m) { module_clear((PyObject *)m); }
 static PyModuleDef_Slot module_slots[] = {
     {Py_mod_exec, (void *)module_exec},
 #ifdef Py_mod_gil
-    /* Not free-threading safe: Block, BufferPool and Arena rely on the GIL
-     * (kpy.h lists how), so a free-threaded interpreter keeps the GIL on
-     * while kpool._core is loaded. */
+#ifdef Py_GIL_DISABLED
+    /* Block, BufferPool and Arena guard their own state (kpy.h, "Threads and
+     * the GIL"): a free-threaded interpreter keeps the GIL off. */
+    {Py_mod_gil, Py_MOD_GIL_NOT_USED},
+#else
+    /* a GIL build: the GIL guards the objects' state (the slot changes nothing there) */
     {Py_mod_gil, Py_MOD_GIL_USED},
+#endif
 #endif
     {0, NULL},
 };

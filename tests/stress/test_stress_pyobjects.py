@@ -7,12 +7,22 @@ are aligned and never overlap within a generation, a reset kills every
 older block and refuses while a view is alive, and the live Block counts
 come back to where they started.
 
-kpool._core keeps the GIL (see csrc/python/kpy.h), so the threads
-interleave at the interpreter's switch points; the switch interval is cut
+With the GIL (a GIL build, where the GIL guards these objects' state;
+csrc/python/kpy.h) the threads interleave at the interpreter's switch points; the switch interval is cut
 to 10 us for the test so that they switch often, inside acquire/release
 and alloc/reset sequences. Each test has a short form (100
 operations per thread, in every run) and a long one (marked slow;
 KPOOL_STRESS_OPS operations per thread, 20000 by default).
+
+The race tests at the end run tests/stress/nogil_races.py's scenarios:
+release() against release() and the Block's uses, resize() against its
+readers, BufferPool.close() against acquire()/release() and waiters,
+Arena.reset() against the arena Blocks' uses, Blocks handed between
+threads, and all that with tracemalloc tracing. Here they run with the GIL
+at 10 us switches; `make -C csrc pytsan` runs the same scenarios on a
+kpool._core whose locked sections run without the GIL (KPY_NOGIL_EMULATE)
+under ThreadSanitizer, where without the binding's locks they race and
+crash (make -C csrc pytsan-check).
 """
 import os
 import random
@@ -22,6 +32,7 @@ import threading
 import pytest
 
 import kpool
+import nogil_races
 
 OPS = int(os.environ.get("KPOOL_STRESS_OPS", "20000"))
 # operations per thread
@@ -268,3 +279,51 @@ def test_blocks_released_and_collected_from_many_threads(ops):
     assert kpool._core.live_blocks() == live_before
     assert pool.in_use == 0
     pool.close()
+
+
+# ---- races on one object (nogil_races.py) ---------------------------------------
+
+RACE_SCALES = [pytest.param(1, id="short"), pytest.param(max(1, OPS // 2000), id="long", marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("scale", RACE_SCALES)
+def test_release_races_release_and_uses(scale):
+    """release() from many threads at once frees a Block once; reads during
+    it get the contents or ValueError; a release under a view frees nothing."""
+    nogil_races.release_races(rounds=20 * scale)
+
+
+@pytest.mark.parametrize("scale", RACE_SCALES)
+def test_resize_races_readers_and_views(scale):
+    res = nogil_races.resize_races(rounds=20 * scale)
+    assert res["resized"] + res["refused"] == 20 * scale * 6
+
+
+@pytest.mark.parametrize("scale", RACE_SCALES)
+@pytest.mark.parametrize("wait", [False, True], ids=["nowait", "waiters"])
+def test_close_races_acquire_and_release(scale, wait):
+    """close() refuses while a buffer is in use and, once it succeeds, every
+    acquire (a waiter at capacity too) is ValueError, a second release() is a
+    no-op and the counters add up."""
+    res = nogil_races.close_races(rounds=8 * scale, wait=wait)
+    assert res["acquired"] > 0
+
+
+@pytest.mark.parametrize("scale", RACE_SCALES)
+def test_reset_races_arena_block_uses(scale):
+    res = nogil_races.reset_races(rounds=10 * scale)
+    assert res["resets"] > 0
+
+
+@pytest.mark.parametrize("scale", RACE_SCALES)
+def test_handoff_races_live_counts(scale):
+    nogil_races.handoff_races(rounds=10 * scale)
+
+
+def test_tracemalloc_races_leave_no_trace():
+    nogil_races.tracemalloc_races(rounds=5)
+
+
+def test_nogil_races_script_runs():
+    """The script form that make -C csrc pytsan runs (here on this build)."""
+    assert nogil_races.main(["--rounds", "2", "--threads", "4", "--expect-mode", kpool._core._FT_MODE]) == 0
