@@ -12,7 +12,8 @@
  * Invariants (_kp_central_is_valid): free_objects == batch * used + sum
  *   over the class's spans of |freelist| + (capacity - carved); a span is on
  *   `partial` iff it has a free object; spans with allocated == 0 are not
- *   kept; used <= transfer_slots, transfer_slots * batch * size <=
+ *   kept (but a meshed group whose members could not all be given private
+ *   pages back, mesh.c); used <= transfer_slots, transfer_slots * batch * size <=
  *   KP_TRANSFER_BYTES.
  * Locks: one kp_lock per class, each on its own cache line. A class lock may
  *   be held while taking the page heap lock, never the reverse; no two class
@@ -61,7 +62,7 @@ static kp_span *new_span(kp_central *c, unsigned cls) {
     s->allocated = 0;
     s->freelist = s->freelist_tail = NULL;
     s->mesh_primary = s->mesh_next = s->group_next = s->group_prev = NULL;
-    s->mesh_members = s->mesh_shared = s->mesh_split = 0;
+    s->mesh_members = s->mesh_shared = s->mesh_split = s->mesh_mapped = 0;
 #if KP_DEBUG
     for (int i = 0; i < 8; i++) atomic_store(&s->live_bits[i], 0);
 #endif
@@ -72,6 +73,21 @@ static kp_span *new_span(kp_central *c, unsigned cls) {
     KP_BUMP(c->spans, 1);
     KP_BUMP(c->free_objects, s->capacity);
     return s;
+}
+
+/* 1 if p is a slot of s (or of a member of s's meshed group). */
+static int slot_of_span(const kp_span *s, const void *p) {
+    if (!_kp_link_ok(p)) return 0;
+    const kp_span *m = s;
+    uintptr_t pn = (uintptr_t)p >> KP_PAGE_SHIFT;
+    if (pn - s->start >= s->npages) {
+        m = s->mesh_members ? _kp_pagemap_get(pn) : NULL;
+        if (!m || m->mesh_primary != s) return 0;
+    }
+    const kp_class_info *ci = &_kp_classes[s->sizeclass];
+    uint64_t off = (uintptr_t)p - (m->start << KP_PAGE_SHIFT);
+    uint64_t i = (off * ci->recip) >> 32;
+    return i < s->capacity && i * ci->size == off;
 }
 
 /* The chain a fetch hands out is built in order, appended at its tail:
@@ -113,7 +129,17 @@ unsigned _kp_central_fetch(unsigned cls, unsigned n, void **head_out) {
             void *obj;
             if (s->freelist) {
                 obj = s->freelist;
-                s->freelist = _kp_next(obj);
+                void *next = _kp_next(obj);
+                if (next && !slot_of_span(s, next)) {
+                    /* a write after free damaged obj's link: the rest of the
+                     * list is out of reach, counted out of the span for good */
+                    _kp_report_bad_link("kp_malloc", obj);
+                    unsigned lost = s->carved - s->allocated - 1;
+                    s->allocated += lost;
+                    KP_STORE(c->free_objects, KP_LOAD(c->free_objects) - lost);
+                    next = NULL;
+                }
+                s->freelist = next;
                 if (!s->freelist) s->freelist_tail = NULL;
             } else if (s->carved < s->capacity) {
                 obj = base + (size_t)s->carved * size;
@@ -137,6 +163,27 @@ unsigned _kp_central_fetch(unsigned cls, unsigned n, void **head_out) {
     return got;
 }
 
+/* s's free list becomes every slot not set in live (NULL: every slot), in
+ * address order, each marked free; every slot counts as carved. The number
+ * of free objects does not change. REQUIRES class lock. */
+static void rebuild_freelist(kp_span *s, const uint64_t *live) {
+    const size_t size = _kp_classes[s->sizeclass].size;
+    char *base = (char *)(s->start << KP_PAGE_SHIFT);
+    void *head = NULL, *tail = NULL;
+    for (uint32_t i = 0; i < s->capacity; i++) {
+        if (live && (live[i / 64] >> (i % 64) & 1)) continue;
+        void *obj = base + (size_t)i * size;
+        _kp_mark_free(obj);
+        if (tail) _kp_set_next(tail, obj);
+        else head = obj;
+        tail = obj;
+    }
+    if (tail) _kp_set_next(tail, NULL);
+    s->freelist = head;
+    s->freelist_tail = tail;
+    s->carved = s->capacity;
+}
+
 /* Put n objects back into their spans. REQUIRES class lock. */
 static void return_to_spans(kp_central *c, void *head, unsigned n) {
     size_t freed_objects = 0;
@@ -154,12 +201,14 @@ static void return_to_spans(kp_central *c, void *head, unsigned n) {
         s->freelist = obj;
         s->allocated--;
         freed_objects++;
-        if (s->allocated == 0) {
+        if (s->allocated == 0 && s->mesh_members && _kp_mesh_undo(s) != 0) {
+            rebuild_freelist(s, NULL);   /* a member could not be remapped: the group stays, all free */
+            if (!s->on_list) partial_push(c, s);
+        } else if (s->allocated == 0) {
             if (s->on_list) partial_remove(s);
             KP_STORE(c->free_objects, KP_LOAD(c->free_objects) + freed_objects - s->capacity);
             freed_objects = 0;
             KP_STORE(c->spans, KP_LOAD(c->spans) - 1);
-            if (s->mesh_members) _kp_mesh_undo(s);
             _kp_pageheap_free(s);
         } else if (!s->on_list) {
             partial_push(c, s);
@@ -209,18 +258,17 @@ static mesh_candidate *candidates;              /* KP_MESH_CANDIDATES, under the
 static uint16_t order[KP_MESH_CANDIDATES];
 _Static_assert(KP_MESH_CANDIDATES <= 65536, "order holds an index");
 
-/* The slot index of obj, whichever member of a group it lies in. */
-static uint32_t slot_of(const void *obj, const kp_class_info *ci) {
-    kp_span *m = _kp_pagemap_get((uintptr_t)obj >> KP_PAGE_SHIFT);
-    uint64_t off = (uintptr_t)obj - (m->start << KP_PAGE_SHIFT);
-    return (uint32_t)((off * ci->recip) >> 32);
-}
-
+/* UINT32_MAX if the free list is damaged (a write after free): the span
+ * is left alone, and the next pop reports it. */
 static uint32_t live_slots(const kp_span *s, const kp_class_info *ci, uint64_t live[8]) {
     memset(live, 0, 8 * sizeof live[0]);
     for (uint32_t i = 0; i < s->carved; i++) live[i / 64] |= (uint64_t)1 << (i % 64);
+    uint32_t listed = 0;
     for (void *p = s->freelist; p; p = _kp_next(p)) {
-        uint32_t i = slot_of(p, ci);
+        if (!slot_of_span(s, p) || ++listed > s->capacity) return UINT32_MAX;
+        kp_span *m = _kp_pagemap_get((uintptr_t)p >> KP_PAGE_SHIFT);
+        uint32_t i = (uint32_t)((((uintptr_t)p - (m->start << KP_PAGE_SHIFT)) * ci->recip) >> 32);
+        if (!(live[i / 64] >> (i % 64) & 1)) return UINT32_MAX;   /* listed twice */
         live[i / 64] &= ~((uint64_t)1 << (i % 64));
     }
     return s->allocated;
@@ -234,32 +282,19 @@ static int disjoint(const uint64_t *a, const uint64_t *b) {
 
 /* src's slots are dst's group's now: dst's free list becomes every slot
  * free in both, in address order. REQUIRES class lock. */
-static void merge_accounting(kp_central *c, const kp_class_info *ci, kp_span *dst, kp_span *src, const uint64_t *live) {
+static void merge_accounting(kp_central *c, kp_span *dst, kp_span *src, const uint64_t *live) {
     dst->allocated += src->allocated;
     src->allocated = 0;
     src->freelist = src->freelist_tail = NULL;
     src->carved = src->capacity;
     if (src->on_list) partial_remove(src);
-    char *base = (char *)(dst->start << KP_PAGE_SHIFT);
-    void *head = NULL, *tail = NULL;
-    for (uint32_t i = 0; i < dst->capacity; i++) {
-        if (live[i / 64] >> (i % 64) & 1) continue;
-        void *obj = base + (size_t)i * ci->size;
-        _kp_mark_free(obj);
-        if (tail) _kp_set_next(tail, obj);
-        else head = obj;
-        tail = obj;
-    }
-    if (tail) _kp_set_next(tail, NULL);
-    dst->freelist = head;
-    dst->freelist_tail = tail;
-    dst->carved = dst->capacity;
-    if (!head && dst->on_list) partial_remove(dst);
+    rebuild_freelist(dst, live);
+    if (!dst->freelist && dst->on_list) partial_remove(dst);
     KP_STORE(c->free_objects, KP_LOAD(c->free_objects) - dst->capacity);
     KP_STORE(c->spans, KP_LOAD(c->spans) - 1);
 }
 
-unsigned _kp_central_mesh(unsigned cls, unsigned max_joins, size_t min_free) {
+unsigned _kp_central_mesh(unsigned cls, unsigned max_joins, size_t min_free, unsigned max_rounds) {
     kp_central *c = &centrals[cls];
     const kp_class_info *ci = &_kp_classes[cls];
     if (ci->objects < 4 || KP_LOAD(c->spans) < 2 || KP_LOAD(c->free_objects) * ci->size < min_free) return 0;
@@ -269,14 +304,17 @@ unsigned _kp_central_mesh(unsigned cls, unsigned max_joins, size_t min_free) {
     }
     unsigned joined = 0;
     _kp_lock(&c->lock);
-    for (kp_span *next = partial_first(c); next && joined < max_joins;) {
-        unsigned n = 0;                                 /* a round: up to KP_MESH_CANDIDATES spans */
-        for (; next && next != &c->partial && n < KP_MESH_CANDIDATES; next = next->next) {
+    unsigned rounds = 0;
+    for (kp_span *next = partial_first(c); next && joined < max_joins && rounds++ < max_rounds;) {
+        unsigned n = 0, seen = 0;                       /* a round: up to KP_MESH_CANDIDATES spans */
+        for (; next && next != &c->partial && n < KP_MESH_CANDIDATES && seen++ < 4 * KP_MESH_CANDIDATES;
+             next = next->next) {
             if (next->mesh_split || next->mesh_members >= KP_MESH_MAX_MEMBERS) continue;
-            mesh_candidate *m = &candidates[n++];
+            mesh_candidate *m = &candidates[n];
             m->span = next;
             m->taken = 0;
             m->nlive = live_slots(next, ci, m->live);
+            if (m->nlive != UINT32_MAX) n++;
         }
         if (next == &c->partial) next = NULL;
         uint32_t first[512 + 2] = { 0 };                /* order: sparsest first (counting sort) */
@@ -292,10 +330,12 @@ unsigned _kp_central_mesh(unsigned cls, unsigned max_joins, size_t min_free) {
                 if (dst->taken || dst->span->mesh_members >= KP_MESH_MAX_MEMBERS) continue;
                 probes++;
                 if (dst->nlive + src->nlive > ci->objects || !disjoint(dst->live, src->live)) continue;
-                if (_kp_mesh_join(dst->span, src->span, src->live) != 0) goto out;
+                int rc = _kp_mesh_join(dst->span, src->span, src->live);
+                if (rc == -2) rebuild_freelist(dst->span, dst->live);
+                if (rc != 0) goto out;
                 for (int w = 0; w < 8; w++) dst->live[w] |= src->live[w];
                 dst->nlive += src->nlive;
-                merge_accounting(c, ci, dst->span, src->span, dst->live);
+                merge_accounting(c, dst->span, src->span, dst->live);
                 src->taken = 1;
                 joined++;
                 break;
@@ -329,7 +369,7 @@ int _kp_central_is_valid(unsigned cls) {
         size_t free_here = listed + (s->capacity - s->carved);
         ok = s->state == KP_SPAN_SMALL && s->sizeclass == cls && s->on_list && free_here > 0 &&
              last == s->freelist_tail &&
-             s->allocated + free_here == s->capacity && s->allocated > 0;
+             s->allocated + free_here == s->capacity && (s->allocated > 0 || s->mesh_members);
         free_objects += free_here;
     }
     ok = ok && free_objects == KP_LOAD(c->free_objects);

@@ -273,10 +273,11 @@ KP_INTERNAL void _kp_central_drain(unsigned cls);
 KP_INTERNAL int _kp_central_is_valid(unsigned cls);
 
 /* Meshing (central.c picks, mesh.c maps). REQUIRES mesh lock: join up to
- * max_joins sparse spans of cls into others whose live slots they miss,
- * unless the class's spans hold less than min_free bytes free; the number
- * joined. */
-KP_INTERNAL unsigned _kp_central_mesh(unsigned cls, unsigned max_joins, size_t min_free);
+ * max_joins sparse spans of cls into others whose live slots they miss, in
+ * at most max_rounds rounds of KP_MESH_CANDIDATES spans (the class lock is
+ * held throughout), unless the class's spans hold less than min_free bytes
+ * free; the number joined. */
+KP_INTERNAL unsigned _kp_central_mesh(unsigned cls, unsigned max_joins, size_t min_free, unsigned max_rounds);
 
 /* ---- mesh.c -------------------------------------------------------------------- */
 KP_INTERNAL extern int _kp_mesh_on;        /* written once: at init (KPOOL_MESH=1) or by _kp_mesh_start */
@@ -284,13 +285,18 @@ KP_INTERNAL void _kp_mesh_init(void);
 KP_INTERNAL int _kp_mesh_start(void);       /* turn meshing on; 0, or -1 with errno */
 KP_INTERNAL kp_lock *_kp_mesh_lock(void);
 /* REQUIRES mesh lock and the class lock. Copy src's live slots (src_live)
- * into dst's page and map that page over src; 0, or -1 with nothing changed
- * (out of mappings or memory). The caller moves the accounting. */
+ * into dst's page and map that page over src; 0 (the caller moves the
+ * accounting), -1 with nothing changed (out of mappings or memory), or -2:
+ * nothing changed but dst's free slots where src has live ones were
+ * overwritten (the caller rebuilds dst's free list). */
 KP_INTERNAL int _kp_mesh_join(kp_span *dst, kp_span *src, const uint64_t *src_live);
 /* REQUIRES class lock; p a group's primary with no block out: give every
- * member private pages again, free the aliases to the page heap (the caller
- * frees p). */
-KP_INTERNAL void _kp_mesh_undo(kp_span *p);
+ * member private pages again and free the aliases to the page heap; 0 (the
+ * caller frees p), or -1: some member could not be remapped, the group
+ * lives on with p as its primary (its free list must be rebuilt). */
+KP_INTERNAL int _kp_mesh_undo(kp_span *p);
+enum { KP_MESH_FAIL_FILE, KP_MESH_FAIL_MOVE, KP_MESH_FAIL_ANON };
+KP_INTERNAL void _kp_mesh_fail_next(int kind, int n);   /* test hook: the next n remaps of a kind fail */
 KP_INTERNAL size_t _kp_mesh_all(void);      /* kp_trim: mesh every class; bytes given back */
 KP_INTERNAL void _kp_mesh_tick(void);       /* the decay path: a bounded pass, at most every KP_MESH_PERIOD_MS */
 KP_INTERNAL void _kp_mesh_fork_prepare(void);   /* takes the mesh lock, makes every group private */

@@ -68,18 +68,39 @@
 int _kp_mesh_on;
 static int memfd = -1;
 static kp_lock mesh_lock = { .mutex = PTHREAD_MUTEX_INITIALIZER };
-static _Atomic size_t meshed_bytes;        /* pages of aliases */
-static _Atomic size_t mapped_members;      /* members mapping a file page now */
+static _Atomic size_t meshed_bytes;        /* sum over groups of (members mapping the file page - 1) pages */
+static _Atomic size_t mapped_members;      /* members of groups (each a kernel mapping of its own) */
 static size_t max_members;                 /* the VMA budget, in members */
 static _Atomic uint64_t joins, windows;    /* windows: write-protect windows closed */
 static _Atomic uint64_t fault_waits;       /* writes that waited for a window (tests read it) */
 static kp_span *groups[KP_NUM_CLASSES];    /* primaries of groups, under the class lock */
+static __thread int meshing_here __attribute__((tls_model("initial-exec")));   /* this thread opens windows */
 
 kp_lock *_kp_mesh_lock(void) { return &mesh_lock; }
 
 static size_t span_bytes(const kp_span *s) { return s->npages * KP_PAGE_SIZE; }
 static void *span_addr(const kp_span *s) { return (void *)(s->start << KP_PAGE_SHIFT); }
 static off_t file_offset(const kp_span *primary) { return (off_t)(primary->start << KP_PAGE_SHIFT); }
+
+/* bytes_meshed counts, per group, the members that show its file page
+ * beyond the first: the memory they would cost without it. */
+static size_t saving(const kp_span *p, unsigned mapped) { return mapped > 1 ? (mapped - 1) * span_bytes(p) : 0; }
+static void set_mapped(kp_span *p, unsigned mapped) {
+    size_t was = saving(p, p->mesh_mapped), now = saving(p, mapped);
+    if (now > was) atomic_fetch_add(&meshed_bytes, now - was);
+    else atomic_fetch_sub(&meshed_bytes, was - now);
+    p->mesh_mapped = (uint8_t)mapped;
+}
+
+/* ---- test hook: make the next remaps fail -------------------------------------- */
+static _Atomic int fail_next[3];   /* KP_MESH_FAIL_FILE, _MOVE, _ANON */
+void _kp_mesh_fail_next(int kind, int n) { atomic_store(&fail_next[kind], n); }
+static int should_fail(int kind) {
+    int n = atomic_load(&fail_next[kind]);
+    while (n > 0)
+        if (atomic_compare_exchange_weak(&fail_next[kind], &n, n - 1)) return 1;
+    return 0;
+}
 
 /* ---- start ------------------------------------------------------------------- */
 #if KP_MESH
@@ -94,21 +115,38 @@ static size_t read_max_map_count(void) {
     long v = strtol(buf, NULL, 10);
     return v > 0 ? (size_t)v : 65530;
 }
+
+static int open_file(void) {
+    int fd = memfd_create("kpool-mesh", MFD_CLOEXEC);
+    if (fd >= 0 && ftruncate(fd, (off_t)1 << (KP_ADDRESS_BITS - 1)) != 0) {   /* every user address is an offset */
+        close(fd);
+        fd = -1;
+    }
+    return fd;
+}
 #endif
 
 int _kp_mesh_start(void) {
 #if KP_MESH
-    if (_kp_mesh_on) return 0;
-    int fd = memfd_create("kpool-mesh", MFD_CLOEXEC);
-    if (fd < 0) return -1;
-    if (ftruncate(fd, (off_t)1 << (KP_ADDRESS_BITS - 1)) != 0) {   /* every user-space address is an offset */
-        close(fd);
+    /* A span must cover whole OS pages: write-protecting or remapping one
+     * must not touch its neighbour. */
+    if (_kp_os_page_size() > KP_PAGE_SIZE) {
+        errno = ENOTSUP;
         return -1;
     }
-    memfd = fd;
-    max_members = read_max_map_count() / 4;
-    _kp_mesh_on = 1;
-    return 0;
+    _kp_lock(&mesh_lock);
+    int rc = 0;
+    if (!_kp_mesh_on) {
+        memfd = open_file();
+        if (memfd < 0) {
+            rc = -1;
+        } else {
+            max_members = read_max_map_count() / 4;
+            _kp_mesh_on = 1;
+        }
+    }
+    _kp_unlock(&mesh_lock);
+    return rc;
 #else
     errno = ENOSYS;
     return -1;
@@ -124,14 +162,38 @@ void _kp_mesh_init(void) {
 static struct sigaction prev_action;
 static __thread uintptr_t retry_addr __attribute__((tls_model("initial-exec")));
 static __thread uint64_t retry_windows __attribute__((tls_model("initial-exec")));
+static __thread uintptr_t chain_frame __attribute__((tls_model("initial-exec")));
+
+/* Not a mesh fault: to the handler that was there, called directly (it
+ * stays installed under ours). One that chains back to us (it was installed
+ * after us and took us for its previous one, as Python's faulthandler
+ * does) calls on_fault again from inside this call, a few frames deeper:
+ * that fault gets the default action instead of going round again. A
+ * handler that jumps out (siglongjmp) leaves chain_frame behind; the next
+ * fault, not nested in it, drops it. */
+static void chain(int sig, siginfo_t *si, void *ctx, int nested) {
+    struct sigaction prev = prev_action;
+    if (nested || (!(prev.sa_flags & SA_SIGINFO) && (prev.sa_handler == SIG_DFL || prev.sa_handler == SIG_IGN))) {
+        signal(sig, SIG_DFL);            /* the fault repeats, and ends the process as it would have */
+        if (si->si_code <= 0) raise(sig);
+        return;
+    }
+    chain_frame = (uintptr_t)__builtin_frame_address(0);
+    if (prev.sa_flags & SA_SIGINFO) prev.sa_sigaction(sig, si, ctx);
+    else prev.sa_handler(sig);
+    chain_frame = 0;
+}
 
 /* A write to a span in a mesh window waits for the window to close and is
  * retried. A fault just after a window closed (the handler ran late) is
- * retried once. Anything else goes to the handler that was there before. */
+ * retried once. Anything else, and a fault of the thread that opened the
+ * window (a span the program itself made inaccessible), is chained. */
 static void on_fault(int sig, siginfo_t *si, void *ctx) {
-    (void)ctx;
     int saved_errno = errno;
-    if (si->si_code > 0) {   /* raised by the MMU, not by kill() */
+    uintptr_t here = (uintptr_t)__builtin_frame_address(0);
+    int nested = chain_frame && here < chain_frame && chain_frame - here < 65536;
+    if (!nested) chain_frame = 0;
+    if (si->si_code > 0 && !meshing_here && !nested) {   /* raised by the MMU, not by kill() */
         uintptr_t at = (uintptr_t)si->si_addr;
         kp_span *s = _kp_pagemap_get(at >> KP_PAGE_SHIFT);
         if (s && s->state == KP_SPAN_SMALL) {
@@ -151,13 +213,13 @@ static void on_fault(int sig, siginfo_t *si, void *ctx) {
             }
         }
     }
-    sigaction(SIGSEGV, &prev_action, NULL);   /* the fault repeats under the old handler */
-    if (si->si_code <= 0) raise(sig);
+    chain(sig, si, ctx, nested);
     errno = saved_errno;
 }
 
 /* REQUIRES mesh lock. Put the handler on top (again, if a program or a
- * library such as Python's faulthandler installed its own since). */
+ * library such as Python's faulthandler installed its own since: that one
+ * becomes the previous handler). */
 static void ensure_handler(void) {
     struct sigaction cur;
     if (sigaction(SIGSEGV, NULL, &cur) == 0 && (cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == on_fault) return;
@@ -183,10 +245,12 @@ __attribute__((no_sanitize_thread)) static void copy_words(void *dst, const void
  * caller (ThreadSanitizer would report every later access by another
  * thread as racing with it). */
 static void *remap_fixed(void *at, size_t len, int flags, int fd, off_t off) {
+    if (should_fail((flags & MAP_ANONYMOUS) ? KP_MESH_FAIL_ANON : KP_MESH_FAIL_FILE)) return MAP_FAILED;
     long r = syscall(SYS_mmap, at, len, PROT_READ | PROT_WRITE, flags | MAP_FIXED, fd, off);
     return r == -1 ? MAP_FAILED : (void *)r;
 }
 static void *move_fixed(void *from, size_t len, void *to) {
+    if (should_fail(KP_MESH_FAIL_MOVE)) return MAP_FAILED;
     long r = syscall(SYS_mremap, from, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, to);
     return r == -1 ? MAP_FAILED : (void *)r;
 }
@@ -197,6 +261,9 @@ static int window_open(kp_span *s) {
     atomic_store(&s->mesh_busy, 0);
     return -1;
 }
+
+/* Writable again (when the window did not end in a new mapping). */
+static void window_abort(kp_span *s) { (void)mprotect(span_addr(s), span_bytes(s), PROT_READ | PROT_WRITE); }
 
 static void window_close(kp_span *s) {
     atomic_fetch_add_explicit(&windows, 1, memory_order_release);
@@ -254,7 +321,7 @@ static int share(kp_span *dst) {
     copy_words(tmp, span_addr(dst), len);
     int ok = move_fixed(tmp, len, span_addr(dst)) == span_addr(dst);
     if (!ok) {
-        mprotect(span_addr(dst), len, PROT_READ | PROT_WRITE);
+        window_abort(dst);
         munmap(tmp, len);
         punch(dst);
     }
@@ -262,13 +329,14 @@ static int share(kp_span *dst) {
     if (!ok) return -1;
     dst->mesh_shared = 1;
     dst->mesh_members = 1;
+    dst->mesh_mapped = 1;
     group_link(dst);
     atomic_fetch_add(&mapped_members, 1);
     return 0;
 }
 
 int _kp_mesh_join(kp_span *dst, kp_span *src, const uint64_t *src_live) {
-    if (atomic_load(&mapped_members) + 2 > max_members) return -1;
+    if (atomic_load(&mapped_members) + (dst->mesh_shared ? 1 : 2) > max_members) return -1;
     if (!dst->mesh_shared && share(dst) != 0) return -1;
     const size_t size = _kp_classes[src->sizeclass].size;
     char *from = span_addr(src), *to = span_addr(dst);
@@ -276,82 +344,102 @@ int _kp_mesh_join(kp_span *dst, kp_span *src, const uint64_t *src_live) {
     for (uint32_t i = 0; i < src->capacity; i++)
         if (src_live[i / 64] >> (i % 64) & 1) copy_words(to + (size_t)i * size, from + (size_t)i * size, size);
     if (map_file_page(src, dst) != 0) {
-        /* nothing was lost: src's own page still holds its objects */
-        mprotect(from, span_bytes(src), PROT_READ | PROT_WRITE);
+        /* src's own page still holds its objects; the slots of dst's page
+         * the copy wrote were free, but their free-list words are gone */
+        window_abort(src);
         window_close(src);
-        return -1;
+        return -2;
     }
     window_close(src);
     src->mesh_primary = dst;
     src->mesh_next = dst->mesh_next;
     dst->mesh_next = src;
     dst->mesh_members++;
+    set_mapped(dst, dst->mesh_mapped + 1u);
     atomic_fetch_add(&mapped_members, 1);
-    atomic_fetch_add(&meshed_bytes, span_bytes(src));
     atomic_fetch_add_explicit(&joins, 1, memory_order_relaxed);
     return 0;
 }
 
-void _kp_mesh_undo(kp_span *p) {
-    const int shared = p->mesh_shared;
-    size_t members = 1;
-    for (kp_span *a = p->mesh_next, *next; a; a = next) {
-        next = a->mesh_next;
-        if (shared) map_private(a, 0);
+/* Every member gets fresh private pages (its kernel mapping merges back
+ * with its neighbours); a member whose remap fails stays in the group,
+ * which then lives on (its caller keeps it) and is undone another time. */
+int _kp_mesh_undo(kp_span *p) {
+    kp_span **link = &p->mesh_next;
+    for (kp_span *a = *link; a; a = *link) {
+        if (map_private(a, 0) != 0) {
+            link = &a->mesh_next;     /* still a member */
+            continue;
+        }
+        *link = a->mesh_next;
         a->mesh_primary = a->mesh_next = NULL;
-        members++;
+        p->mesh_members--;
+        if (p->mesh_shared) set_mapped(p, p->mesh_mapped - 1u);
+        atomic_fetch_sub(&mapped_members, 1);
         _kp_pageheap_free(a);
     }
-    if (shared) {
-        map_private(p, 0);
+    if (p->mesh_next || map_private(p, 0) != 0) return -1;
+    if (p->mesh_shared) {
+        set_mapped(p, 0);
         punch(p);
-        atomic_fetch_sub(&mapped_members, members);
-        atomic_fetch_sub(&meshed_bytes, (members - 1) * span_bytes(p));
     }
+    atomic_fetch_sub(&mapped_members, 1);
     group_unlink(p);
-    p->mesh_next = NULL;
-    p->mesh_members = p->mesh_shared = p->mesh_split = 0;
+    p->mesh_members = p->mesh_shared = p->mesh_split = p->mesh_mapped = 0;
+    return 0;
 }
 
-/* Give every member of p's group a private copy of the page (fork). */
+/* Give every member of p's group a private copy of the page (fork): all
+ * are write-protected first, so no write lands between two copies. The
+ * group keeps its members (and their mappings) until it is undone. */
 static void split(kp_span *p) {
-    size_t members = 0;
-    for (kp_span *m = p; m; m = m->mesh_next) {
-        window_open(m);
-        members++;
-    }
-    for (kp_span *m = p; m; m = m->mesh_next) {
-        if (map_private(m, 1) != 0) {
-            static const char msg[] = "kpool: out of memory giving a meshed span a private copy before fork; "
-                                      "the child shares its page with the parent\n";
-            if (write(2, msg, sizeof msg - 1) < 0) {}
-            mprotect(span_addr(m), span_bytes(m), PROT_READ | PROT_WRITE);
+    static const char cannot[] = "kpool: meshing: could not give a meshed span a private copy before fork; "
+                                 "the child shares its page with the parent\n";
+    kp_span *m;
+    for (m = p; m; m = m->mesh_next)
+        if (window_open(m) != 0) break;
+    if (m) {                                       /* not every member could be protected: no copies */
+        for (kp_span *q = p; q != m; q = q->mesh_next) {
+            window_abort(q);
+            window_close(q);
         }
+        if (write(2, cannot, sizeof cannot - 1) < 0) {}
+        return;
     }
-    for (kp_span *m = p; m; m = m->mesh_next) window_close(m);
-    punch(p);
-    p->mesh_shared = 0;
+    unsigned mapped = p->mesh_mapped;
+    for (m = p; m; m = m->mesh_next) {
+        if (map_private(m, 1) == 0) mapped--;
+        else window_abort(m);
+    }
+    for (m = p; m; m = m->mesh_next) window_close(m);
+    if (mapped) {
+        if (write(2, cannot, sizeof cannot - 1) < 0) {}
+    } else {
+        punch(p);
+        p->mesh_shared = 0;
+    }
+    set_mapped(p, mapped);
     p->mesh_split = 1;
-    atomic_fetch_sub(&mapped_members, members);
-    atomic_fetch_sub(&meshed_bytes, (members - 1) * span_bytes(p));
 }
 
 /* ---- passes ------------------------------------------------------------------------ */
-static size_t pass(unsigned max_joins, size_t min_free) {
+static size_t pass(unsigned max_joins, size_t min_free, unsigned max_rounds) {
     size_t bytes = 0;
     ensure_handler();
+    meshing_here = 1;
     for (unsigned c = 1; c < KP_NUM_CLASSES && max_joins > 0; c++) {
-        unsigned n = _kp_central_mesh(c, max_joins, min_free);
+        unsigned n = _kp_central_mesh(c, max_joins, min_free, max_rounds);
         bytes += (size_t)n * _kp_classes[c].npages * KP_PAGE_SIZE;
         max_joins -= n;
     }
+    meshing_here = 0;
     return bytes;
 }
 
 size_t _kp_mesh_all(void) {
     if (!_kp_mesh_on) return 0;
     _kp_lock(&mesh_lock);
-    size_t bytes = pass(UINT32_MAX, 0);
+    size_t bytes = pass(UINT32_MAX, 0, UINT32_MAX);
     _kp_unlock(&mesh_lock);
     return bytes;
 }
@@ -363,7 +451,7 @@ void _kp_mesh_tick(void) {
     atomic_store_explicit(&last_ms, now, memory_order_relaxed);
     if (pthread_mutex_trylock(&mesh_lock.mutex) != 0) return;
     KP_BUMP(mesh_lock.acquires, 1);
-    pass(KP_MESH_TICK_JOINS, KP_MESH_MIN_FREE);
+    pass(KP_MESH_TICK_JOINS, KP_MESH_MIN_FREE, 1);   /* one round a class: a bounded pause */
     _kp_unlock(&mesh_lock);
 }
 
@@ -371,6 +459,8 @@ void _kp_mesh_tick(void) {
 void _kp_mesh_fork_prepare(void) {
     _kp_lock(&mesh_lock);
     if (!_kp_mesh_on) return;
+    ensure_handler();
+    meshing_here = 1;
     for (unsigned c = 1; c < KP_NUM_CLASSES; c++) {
         kp_central *central = _kp_central(c);
         _kp_lock(&central->lock);
@@ -378,6 +468,7 @@ void _kp_mesh_fork_prepare(void) {
             if (p->mesh_shared) split(p);
         _kp_unlock(&central->lock);
     }
+    meshing_here = 0;
 }
 
 void _kp_mesh_fork_release(void) { _kp_unlock(&mesh_lock); }
@@ -386,14 +477,12 @@ void _kp_mesh_fork_release(void) { _kp_unlock(&mesh_lock); }
  * the parent's: its file offsets are addresses the parent uses too, so the
  * child takes a file of its own (or meshes no more if it cannot). */
 void _kp_mesh_fork_child(void) {
+#if KP_MESH
     if (!_kp_mesh_on) return;
     close(memfd);
-    memfd = memfd_create("kpool-mesh", MFD_CLOEXEC);
-    if (memfd >= 0 && ftruncate(memfd, (off_t)1 << (KP_ADDRESS_BITS - 1)) != 0) {
-        close(memfd);
-        memfd = -1;
-    }
+    memfd = open_file();
     if (memfd < 0) _kp_mesh_on = 0;
+#endif
 }
 
 /* ---- figures -------------------------------------------------------------------------- */

@@ -5,6 +5,9 @@
  * Meshing is turned on by the hidden _kp_mesh_start (the tests link the
  * static library), as KPOOL_MESH=1 does at start-up. */
 #include <errno.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <sys/mman.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -20,6 +23,8 @@ int _kp_mesh_start(void);
 int _kp_central_is_valid(unsigned cls);
 int _kp_pageheap_is_valid(void);
 uint64_t _kp_mesh_fault_waits(void);
+void _kp_mesh_fail_next(int kind, int n);
+enum { FAIL_FILE, FAIL_MOVE, FAIL_ANON };   /* kp_internal.h's KP_MESH_FAIL_* */
 
 /* Proportional resident bytes (smaps_rollup's Pss): a page mapped at two
  * addresses counts once, as it costs once. */
@@ -437,6 +442,217 @@ static void test_parent_and_child_mesh_apart(void) {
     }
 }
 
+/* ---- failures and foreign handlers (each once a real bug) ---------------------- */
+static int count_maps(void) {
+    FILE *f = fopen("/proc/self/maps", "r");
+    int n = 0, c;
+    while (f && (c = fgetc(f)) != EOF) n += c == '\n';
+    if (f) fclose(f);
+    return n;
+}
+
+static int all_intact(void **b, size_t k, size_t size) {
+    int ok = 1;
+    for (size_t i = 0; i < k; i++) ok &= intact(b[i], size, (uintptr_t)b[i]);
+    return ok;
+}
+
+static void free_all(void **b, size_t k) {
+    for (size_t i = 0; i < k; i++) kp_free(b[i]);
+    free(b);
+}
+
+/* mesh, fork, free, again: the private copies fork made must not pile up
+ * kernel mappings (they once grew by ~600 a round, to vm.max_map_count). */
+static void test_fork_rounds_keep_the_mappings_bounded(void) {
+    int before = count_maps();
+    for (int round = 0; round < 15; round++) {
+        size_t k;
+        void **b = sparse(20000, 128, &k);
+        kp_trim();
+        pid_t pid = fork();
+        if (pid == 0) _exit(all_intact(b, k, 128) ? 0 : 3);
+        int status = 0;
+        waitpid(pid, &status, 0);
+        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        CHECK(all_intact(b, k, 128));
+        free_all(b, k);
+        kp_trim();
+    }
+    int after = count_maps();
+    printf("  kernel mappings: %d before, %d after 15 rounds\n", before, after);
+    CHECK(after < before + 64);
+    CHECK_EQ(stats_now().bytes_meshed, 0);
+}
+
+/* A join whose last remap fails has written the source's objects into the
+ * destination's free slots: its free list must be rebuilt, not followed. */
+static void test_join_that_fails_late_keeps_lists_sound(void) {
+    size_t k;
+    void **b = sparse(20000, 128, &k);
+    kp_thread_flush();
+    _kp_mesh_fail_next(FAIL_FILE, 1);
+    kp_trim();
+    _kp_mesh_fail_next(FAIL_FILE, 0);
+    CHECK(all_valid());
+    CHECK(all_intact(b, k, 128));
+    void *more[5000];
+    for (int i = 0; i < 5000; i++) {
+        more[i] = kp_malloc(128);
+        fill(more[i], 128, (uintptr_t)more[i]);
+    }
+    CHECK(all_intact(b, k, 128) && all_intact(more, 5000, 128));
+    for (int i = 0; i < 5000; i++) kp_free(more[i]);
+    free_all(b, k);
+    kp_trim();
+    CHECK(all_valid());
+}
+
+/* fork's private copy fails for a member: the group stays shared (its
+ * file page kept), and no block loses its bytes. */
+static void test_fork_copy_that_fails_loses_nothing(void) {
+    size_t k;
+    void **b = sparse(20000, 256, &k);
+    kp_trim();
+    _kp_mesh_fail_next(FAIL_MOVE, 1);
+    pid_t pid = fork();
+    if (pid == 0) _exit(0);
+    _kp_mesh_fail_next(FAIL_MOVE, 0);
+    waitpid(pid, NULL, 0);
+    CHECK(all_intact(b, k, 256));                  /* the member left sharing still shows the file page */
+    free_all(b, k);
+    kp_trim();
+    CHECK_EQ(stats_now().bytes_meshed, 0);
+    CHECK(all_valid());
+}
+
+/* A member that cannot get private pages back when its group empties keeps
+ * the group alive (its range still shows the shared page): new blocks must
+ * not overlap, and the group is undone once it empties again. */
+static void test_undo_that_fails_keeps_the_group(void) {
+    size_t k;
+    void **b = sparse(20000, 128, &k);
+    kp_trim();
+    CHECK(stats_now().bytes_meshed > 0);
+    _kp_mesh_fail_next(FAIL_ANON, 1);
+    free_all(b, k);
+    kp_trim();
+    _kp_mesh_fail_next(FAIL_ANON, 0);
+    CHECK(stats_now().bytes_meshed > 0);           /* one group lives on */
+    CHECK(all_valid());
+    void **fresh = malloc(40000 * sizeof *fresh);
+    for (int i = 0; i < 40000; i++) {
+        fresh[i] = kp_malloc(128);
+        fill(fresh[i], 128, (uintptr_t)fresh[i]);
+    }
+    CHECK(all_intact(fresh, 40000, 128));
+    free_all(fresh, 40000);
+    kp_trim();
+    CHECK_EQ(stats_now().bytes_meshed, 0);
+    CHECK(all_valid());
+}
+
+/* A handler installed after meshing's, chaining to it: a real crash must
+ * still end the process, not go round between the two. */
+static struct sigaction saved_by_program;
+static void program_handler(int sig, siginfo_t *si, void *ctx) {
+    if (saved_by_program.sa_flags & SA_SIGINFO) saved_by_program.sa_sigaction(sig, si, ctx);
+}
+static void test_a_crash_under_a_chaining_handler_still_ends(void) {
+    pid_t pid = fork();
+    if (pid == 0) {
+        alarm(10);                                 /* a loop would end here, with SIGALRM */
+        size_t k;
+        void **b = sparse(20000, 128, &k);
+        kp_trim();                                  /* meshing's handler is installed */
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_sigaction = program_handler;
+        sa.sa_flags = SA_SIGINFO;
+        sigaction(SIGSEGV, &sa, &saved_by_program);
+        void **c = sparse(20000, 160, &k);
+        kp_trim();                                  /* puts meshing's handler on top again */
+        (void)b;
+        (void)c;
+        volatile int *nowhere = (volatile int *)(uintptr_t)atoi("16");   /* a real NULL-page write */
+        *nowhere = 1;
+        _exit(0);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV);
+}
+
+/* A program whose handler recovers from its own faults (siglongjmp) keeps
+ * meshing working: writers that meet a window later still wait. */
+static sigjmp_buf probe_jump;
+static void probe_handler(int sig, siginfo_t *si, void *ctx) {
+    (void)sig;
+    (void)si;
+    (void)ctx;
+    siglongjmp(probe_jump, 1);
+}
+static void test_meshing_survives_a_handler_that_jumps_out(void) {
+    struct sigaction sa, old;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = probe_handler;
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+    sigaction(SIGSEGV, &sa, &old);
+    size_t k;
+    void **b = sparse(20000, 128, &k);
+    kp_trim();                                      /* meshing's handler above the program's */
+    void *page = mmap(NULL, 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    volatile int jumped = 0;
+    for (int i = 0; i < 3; i++)
+        if (sigsetjmp(probe_jump, 1) == 0) *(volatile int *)page = 1;
+        else jumped++;
+    CHECK_EQ(jumped, 3);                            /* each probe reached the program's handler */
+    free_all(b, k);
+    kp_trim();
+    test_writers_during_mesh();                     /* and writers in windows still wait */
+    munmap(page, 4096);
+    sigaction(SIGSEGV, &old, NULL);
+}
+
+/* A write after free into a free block: meshing skips the damaged span
+ * instead of following the bad link (the next pop reports it). */
+static _Atomic int reported;
+static void note_error(const char *call, const void *p, const char *what) {
+    (void)call;
+    (void)p;
+    (void)what;
+    atomic_fetch_add(&reported, 1);
+}
+static void test_damaged_free_list_is_skipped(void) {
+    kp_error_handler prev = kp_set_error_handler(note_error);
+    void **all = malloc(20000 * sizeof *all);
+    for (int i = 0; i < 20000; i++) {
+        all[i] = kp_malloc(128);
+        fill(all[i], 128, (uintptr_t)all[i]);
+    }
+    size_t k = 0;
+    void *victim = NULL;
+    for (int i = 0; i < 20000; i++) {
+        if (i % 10 == 0) all[k++] = all[i];
+        else {
+            kp_free(all[i]);
+            if (i == 10001) victim = all[i];
+        }
+    }
+    kp_thread_flush();
+    kp_trim();                                       /* the transfer slots drain into the spans */
+    ((uintptr_t *)victim)[0] = 0x4141414141414141u;  /* the write after free */
+    kp_trim();
+    CHECK(all_intact(all, k, 128));
+    void *more[20000];
+    for (int i = 0; i < 20000; i++) more[i] = kp_malloc(128);
+    for (int i = 0; i < 20000; i++) kp_free(more[i]);
+    CHECK(atomic_load(&reported) > 0);             /* when the damaged list was reached */
+    for (size_t i = 0; i < k; i++) kp_free(all[i]);
+    free(all);
+    kp_set_error_handler(prev);
+}
+
 int main(void) {
     const char *env = getenv("KPOOL_MESH");
     if (!env || strcmp(env, "1") != 0) RUN(test_off_until_started);   /* else it is on from the start */
@@ -453,5 +669,12 @@ int main(void) {
     RUN(test_churn_while_meshing);
     RUN(test_fork_gives_private_pages);
     RUN(test_parent_and_child_mesh_apart);
+    RUN(test_fork_rounds_keep_the_mappings_bounded);
+    RUN(test_join_that_fails_late_keeps_lists_sound);
+    RUN(test_fork_copy_that_fails_loses_nothing);
+    RUN(test_undo_that_fails_keeps_the_group);
+    RUN(test_a_crash_under_a_chaining_handler_still_ends);
+    RUN(test_meshing_survives_a_handler_that_jumps_out);
+    RUN(test_damaged_free_list_is_skipped);
     return DONE();
 }
