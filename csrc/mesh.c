@@ -43,10 +43,24 @@
  *    meshes into a memfd of its own: the parent's file offsets are the
  *    same addresses in both.
  *  - When a group's last block is freed, every member gets fresh private
- *    zero pages again, the file page is punched out, and the spans go back
- *    to the page heap.
- *  - Each member maps a file page of its own: up to 3 kernel mappings
- *    (VMAs) each. Meshing stops at a quarter of vm.max_map_count members.
+ *    zero pages again (its kernel mapping merges back with its
+ *    neighbours), the file page is punched out, and the spans go back to
+ *    the page heap.
+ *  - Each member of a group (shared or, after fork, private copies) is a
+ *    kernel mapping (VMA) of its own, splitting its neighbour's: meshing
+ *    stops at a quarter of vm.max_map_count members, counted until undone.
+ *  - Failures (out of memory or mappings) change nothing that matters: a
+ *    join whose last remap fails leaves the source as it was (the
+ *    destination's overwritten free slots get their free list rebuilt); a
+ *    member that cannot be given private pages back keeps its group alive,
+ *    to be undone when it empties again; a failed private copy at fork
+ *    keeps the file page (and says that the child shares it).
+ *  - The handler calls the previous one directly for faults that are not
+ *    meshing's (it stays installed); one that chains back into it (it was
+ *    installed later, with kpool's as its previous) is detected by the
+ *    nesting and given the default action, not a loop.
+ *  - Not supported: OS pages larger than kpool's 8 KiB (a remap would
+ *    cover a neighbour span); meshing then does not start.
  * Accounting: bytes_meshed = pages of aliases (address space that shares a
  *   primary's physical page); meshes counts joins.
  * Locks: the mesh lock, between the thread registry lock and the class

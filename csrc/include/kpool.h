@@ -68,12 +68,13 @@
  * SIGSEGV handler, installed on the first pass and chained to the one that
  * was there) and lands on the new page. What it costs: a system call that
  * writes into a block (read(2) into a buffer) during those few microseconds
- * fails with EFAULT instead of waiting, which is why it is off by default;
+ * fails with EFAULT instead of waiting, and a thread that blocks SIGSEGV
+ * and writes there is killed, which is why it is off by default;
  * fork() first gives every meshed span a private copy of its page (the
  * memory saved is given up; the child and the parent share nothing); and
  * each meshed span takes a kernel mapping (meshing stops at a quarter of
  * vm.max_map_count). kp_stats: bytes_meshed, meshes. In a -DKP_MESH=0
- * build KPOOL_MESH=1 does nothing.
+ * build, or where OS pages are larger than 8 KiB, KPOOL_MESH=1 does nothing.
  *
  * Start-up: every function works from the first call, also before kpool's
  * own constructor has run (from another library's constructor, a C++
