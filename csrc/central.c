@@ -62,7 +62,7 @@ static kp_span *new_span(kp_central *c, unsigned cls) {
     s->allocated = 0;
     s->freelist = s->freelist_tail = NULL;
     s->mesh_primary = s->mesh_next = s->group_next = s->group_prev = NULL;
-    s->mesh_members = s->mesh_shared = s->mesh_split = s->mesh_mapped = 0;
+    s->mesh_members = s->mesh_shared = s->mesh_split = s->mesh_mapped = s->mesh_on_file = 0;
 #if KP_DEBUG
     for (int i = 0; i < 8; i++) atomic_store(&s->live_bits[i], 0);
 #endif

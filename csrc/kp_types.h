@@ -186,6 +186,7 @@ typedef struct kp_span {
     uint8_t mesh_members;          /* primary: spans in the group, itself included (0: no group) */
     uint8_t mesh_shared;           /* primary: members map its memfd page */
     uint8_t mesh_mapped;           /* primary: how many do (fork's split leaves private copies) */
+    uint8_t mesh_on_file;          /* member (primary too): its range maps the group's file page */
     uint8_t mesh_split;            /* primary: members hold private copies (after fork); not meshed again */
     _Atomic uint8_t mesh_busy;     /* write-protected by a mesh operation now: a fault waits */
 #if KP_DEBUG

@@ -173,29 +173,71 @@ void _kp_mesh_init(void) {
 }
 
 /* ---- the fault handler ----------------------------------------------------------- */
-static struct sigaction prev_action;
+/* The handler that was there when kpool's went on top, double-buffered so a
+ * fault in one thread never reads one being rewritten (ensure_handler,
+ * under the mesh lock), and the very first one (kpool's guard handler, a
+ * program's), which a handler that chains back to kpool's would hide. */
+static struct sigaction prev_actions[2], first_action;
+static _Atomic int prev_index = -1;
 static __thread uintptr_t retry_addr __attribute__((tls_model("initial-exec")));
 static __thread uint64_t retry_windows __attribute__((tls_model("initial-exec")));
+static __thread void *chain_ctx __attribute__((tls_model("initial-exec")));       /* while calling the previous one */
 static __thread uintptr_t chain_frame __attribute__((tls_model("initial-exec")));
+static __thread int chained __attribute__((tls_model("initial-exec")));           /* a previous handler returned */
+static __thread int calling_first __attribute__((tls_model("initial-exec")));     /* chain() is calling first_action */
+
+static int is_default(const struct sigaction *a) {
+    return !(a->sa_flags & SA_SIGINFO) && (a->sa_handler == SIG_DFL || a->sa_handler == SIG_IGN);
+}
+
+static void call_handler(const struct sigaction *a, int sig, siginfo_t *si, void *ctx) {
+    if (a->sa_flags & SA_SIGINFO) a->sa_sigaction(sig, si, ctx);
+    else a->sa_handler(sig);
+}
+
+/* The fault ends the process as it would have without kpool. */
+static void die_of(int sig, siginfo_t *si) {
+    signal(sig, SIG_DFL);
+    if (si->si_code <= 0) raise(sig);     /* an MMU fault repeats by itself */
+}
 
 /* Not a mesh fault: to the handler that was there, called directly (it
- * stays installed under ours). One that chains back to us (it was installed
- * after us and took us for its previous one, as Python's faulthandler
- * does) calls on_fault again from inside this call, a few frames deeper:
- * that fault gets the default action instead of going round again. A
- * handler that jumps out (siglongjmp) leaves chain_frame behind; the next
- * fault, not nested in it, drops it. */
-static void chain(int sig, siginfo_t *si, void *ctx, int nested) {
-    struct sigaction prev = prev_action;
-    if (nested || (!(prev.sa_flags & SA_SIGINFO) && (prev.sa_handler == SIG_DFL || prev.sa_handler == SIG_IGN))) {
-        signal(sig, SIG_DFL);            /* the fault repeats, and ends the process as it would have */
-        if (si->si_code <= 0) raise(sig);
+ * stays installed under kpool's). One installed after kpool's takes kpool's
+ * for its previous handler and may come back: at once, from inside this
+ * call (the same context, a deeper frame), or by raise() once it returns
+ * (Python's faulthandler: a signal from this process right after). Either
+ * way the fault goes to the first handler instead (or the default action),
+ * never round again. A handler that jumps out (siglongjmp) leaves nothing
+ * behind that a later fault could be taken for. */
+static void chain(int sig, siginfo_t *si, void *ctx) {
+    uintptr_t here = (uintptr_t)__builtin_frame_address(0);
+    int back = (chain_ctx == ctx && here < chain_frame) || (chained && si->si_code <= 0);
+    chained = 0;
+    int i = atomic_load_explicit(&prev_index, memory_order_acquire);
+    struct sigaction prev = i < 0 ? first_action : prev_actions[i];
+    if (back) {
+        if (calling_first || is_default(&first_action) || first_action.sa_sigaction == prev.sa_sigaction) {
+            die_of(sig, si);
+            return;
+        }
+        prev = first_action;
+        calling_first = 1;
+    }
+    if (is_default(&prev)) {
+        calling_first = 0;
+        if (prev.sa_handler == SIG_IGN && si->si_code <= 0) return;   /* kill(SIGSEGV), ignored */
+        die_of(sig, si);
         return;
     }
-    chain_frame = (uintptr_t)__builtin_frame_address(0);
-    if (prev.sa_flags & SA_SIGINFO) prev.sa_sigaction(sig, si, ctx);
-    else prev.sa_handler(sig);
-    chain_frame = 0;
+    void *outer_ctx = chain_ctx;
+    uintptr_t outer_frame = chain_frame;
+    chain_ctx = ctx;
+    chain_frame = here;
+    call_handler(&prev, sig, si, ctx);
+    chain_ctx = outer_ctx;
+    chain_frame = outer_frame;
+    calling_first = 0;
+    chained = 1;
 }
 
 /* A write to a span in a mesh window waits for the window to close and is
@@ -204,10 +246,7 @@ static void chain(int sig, siginfo_t *si, void *ctx, int nested) {
  * window (a span the program itself made inaccessible), is chained. */
 static void on_fault(int sig, siginfo_t *si, void *ctx) {
     int saved_errno = errno;
-    uintptr_t here = (uintptr_t)__builtin_frame_address(0);
-    int nested = chain_frame && here < chain_frame && chain_frame - here < 65536;
-    if (!nested) chain_frame = 0;
-    if (si->si_code > 0 && !meshing_here && !nested) {   /* raised by the MMU, not by kill() */
+    if (si->si_code > 0 && !meshing_here && chain_ctx != ctx) {   /* raised by the MMU, not by kill() */
         uintptr_t at = (uintptr_t)si->si_addr;
         kp_span *s = _kp_pagemap_get(at >> KP_PAGE_SHIFT);
         if (s && s->state == KP_SPAN_SMALL) {
@@ -215,6 +254,7 @@ static void on_fault(int sig, siginfo_t *si, void *ctx) {
                 atomic_fetch_add_explicit(&fault_waits, 1, memory_order_relaxed);
                 for (unsigned k = 0; atomic_load_explicit(&s->mesh_busy, memory_order_acquire); k++)
                     if (k > 100) sched_yield();
+                chained = 0;
                 errno = saved_errno;
                 return;
             }
@@ -222,12 +262,13 @@ static void on_fault(int sig, siginfo_t *si, void *ctx) {
             if (retry_addr != at || retry_windows != w) {
                 retry_addr = at;
                 retry_windows = w;
+                chained = 0;
                 errno = saved_errno;
                 return;
             }
         }
     }
-    chain(sig, si, ctx, nested);
+    chain(sig, si, ctx);
     errno = saved_errno;
 }
 
@@ -236,8 +277,13 @@ static void on_fault(int sig, siginfo_t *si, void *ctx) {
  * becomes the previous handler). */
 static void ensure_handler(void) {
     struct sigaction cur;
-    if (sigaction(SIGSEGV, NULL, &cur) == 0 && (cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == on_fault) return;
-    _kp_install_segv(on_fault, &prev_action);
+    if (sigaction(SIGSEGV, NULL, &cur) != 0 || ((cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == on_fault)) return;
+    int i = atomic_load_explicit(&prev_index, memory_order_relaxed);
+    int next = i < 0 ? 0 : 1 - i;
+    prev_actions[next] = cur;
+    if (i < 0) first_action = cur;
+    atomic_store_explicit(&prev_index, next, memory_order_release);
+    _kp_install_segv(on_fault, NULL);
 }
 
 /* ---- page work ------------------------------------------------------------------- */
@@ -344,6 +390,7 @@ static int share(kp_span *dst) {
     dst->mesh_shared = 1;
     dst->mesh_members = 1;
     dst->mesh_mapped = 1;
+    dst->mesh_on_file = 1;
     group_link(dst);
     atomic_fetch_add(&mapped_members, 1);
     return 0;
@@ -366,6 +413,7 @@ int _kp_mesh_join(kp_span *dst, kp_span *src, const uint64_t *src_live) {
     }
     window_close(src);
     src->mesh_primary = dst;
+    src->mesh_on_file = 1;
     src->mesh_next = dst->mesh_next;
     dst->mesh_next = src;
     dst->mesh_members++;
@@ -386,20 +434,19 @@ int _kp_mesh_undo(kp_span *p) {
             continue;
         }
         *link = a->mesh_next;
+        if (a->mesh_on_file) set_mapped(p, p->mesh_mapped - 1u);
         a->mesh_primary = a->mesh_next = NULL;
+        a->mesh_on_file = 0;
         p->mesh_members--;
-        if (p->mesh_shared) set_mapped(p, p->mesh_mapped - 1u);
         atomic_fetch_sub(&mapped_members, 1);
         _kp_pageheap_free(a);
     }
     if (p->mesh_next || map_private(p, 0) != 0) return -1;
-    if (p->mesh_shared) {
-        set_mapped(p, 0);
-        punch(p);
-    }
+    if (p->mesh_on_file) set_mapped(p, p->mesh_mapped - 1u);
+    if (p->mesh_shared || p->mesh_split) punch(p);   /* nothing maps the file page now */
     atomic_fetch_sub(&mapped_members, 1);
     group_unlink(p);
-    p->mesh_members = p->mesh_shared = p->mesh_split = p->mesh_mapped = 0;
+    p->mesh_members = p->mesh_shared = p->mesh_split = p->mesh_mapped = p->mesh_on_file = 0;
     return 0;
 }
 
@@ -411,21 +458,29 @@ static void split(kp_span *p) {
                                  "the child shares its page with the parent\n";
     kp_span *m;
     for (m = p; m; m = m->mesh_next)
-        if (window_open(m) != 0) break;
+        if (m->mesh_on_file && window_open(m) != 0) break;
     if (m) {                                       /* not every member could be protected: no copies */
-        for (kp_span *q = p; q != m; q = q->mesh_next) {
-            window_abort(q);
-            window_close(q);
-        }
+        for (kp_span *q = p; q != m; q = q->mesh_next)
+            if (q->mesh_on_file) {
+                window_abort(q);
+                window_close(q);
+            }
         if (write(2, cannot, sizeof cannot - 1) < 0) {}
+        p->mesh_split = 1;
         return;
     }
     unsigned mapped = p->mesh_mapped;
     for (m = p; m; m = m->mesh_next) {
-        if (map_private(m, 1) == 0) mapped--;
-        else window_abort(m);
+        if (!m->mesh_on_file) continue;
+        if (map_private(m, 1) == 0) {
+            m->mesh_on_file = 0;
+            mapped--;
+        } else {
+            window_abort(m);
+        }
     }
-    for (m = p; m; m = m->mesh_next) window_close(m);
+    for (m = p; m; m = m->mesh_next)
+        if (atomic_load(&m->mesh_busy)) window_close(m);
     if (mapped) {
         if (write(2, cannot, sizeof cannot - 1) < 0) {}
     } else {
@@ -479,7 +534,7 @@ void _kp_mesh_fork_prepare(void) {
         kp_central *central = _kp_central(c);
         _kp_lock(&central->lock);
         for (kp_span *p = groups[c]; p; p = p->group_next)
-            if (p->mesh_shared) split(p);
+            if (p->mesh_mapped) split(p);
         _kp_unlock(&central->lock);
     }
     meshing_here = 0;

@@ -181,6 +181,27 @@ def test_python_under_the_drop_in_with_meshing_gives_memory_back():
     assert res["1"][0] < 0.75 * res["0"][0], res      # KiB of Pss after the trim
 
 
+def test_a_crash_under_faulthandler_with_meshing_reports_once():
+    """faulthandler installs its handler after kpool's first meshing pass,
+    kpool's goes back on top at the next; a real crash must still print one
+    report and end the process with SIGSEGV (it once looped, printing
+    tracebacks without end)."""
+    code = textwrap.dedent("""
+        import ctypes, faulthandler, random
+        for letter in "xy":
+            objs = [letter * random.randint(1, 200) for i in range(300_000)]
+            keep = objs[::10]
+            del objs
+            ctypes.CDLL(None).malloc_trim(0)       # kp_trim: meshes
+            faulthandler.enable()
+        ctypes.string_at(16)
+    """)
+    env = dict(os.environ, PYTHONMALLOC="malloc", KPOOL_MESH="1")
+    r = kpool.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == -11, (r.returncode, r.stderr[-2000:])
+    assert r.stderr.count("Fatal Python error: Segmentation fault") == 1, r.stderr[-2000:]
+
+
 def test_python_m_kpool_run_passes_the_exit_status_and_prints_stats():
     env = dict(os.environ, PYTHONPATH=KPOOL_PARENT)
     env.pop("KPOOL_STATS", None)

@@ -23,6 +23,7 @@ int _kp_mesh_start(void);
 int _kp_central_is_valid(unsigned cls);
 int _kp_pageheap_is_valid(void);
 uint64_t _kp_mesh_fault_waits(void);
+void _kp_mesh_figures(size_t *bytes_meshed, uint64_t *meshes);
 void _kp_mesh_fail_next(int kind, int n);
 enum { FAIL_FILE, FAIL_MOVE, FAIL_ANON };   /* kp_internal.h's KP_MESH_FAIL_* */
 
@@ -614,6 +615,138 @@ static void test_meshing_survives_a_handler_that_jumps_out(void) {
     sigaction(SIGSEGV, &old, NULL);
 }
 
+/* Python's faulthandler: installed after kpool's handler, on a crash it
+ * puts its previous handler (kpool's) back and raise()s. That must end the
+ * process after one report, not go round (it printed 73k tracebacks). */
+static int *fh_reports;                            /* shared with the parent */
+static struct sigaction fh_previous;
+static void fh_like(int sig) {
+    sigaction(sig, &fh_previous, NULL);
+    __atomic_add_fetch(fh_reports, 1, __ATOMIC_SEQ_CST);
+    raise(sig);
+}
+static void test_a_crash_under_faulthandler_reports_once(void) {
+    fh_reports = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        alarm(10);
+        size_t k;
+        void **b = sparse(20000, 128, &k);
+        kp_trim();
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = fh_like;
+        sa.sa_flags = SA_NODEFER | SA_ONSTACK;
+        sigaction(SIGSEGV, &sa, &fh_previous);
+        void **c = sparse(20000, 160, &k);
+        kp_trim();                                  /* kpool's on top again, faulthandler its previous */
+        (void)b;
+        (void)c;
+        volatile int *nowhere = (volatile int *)(uintptr_t)atoi("16");
+        *nowhere = 1;
+        _exit(0);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV);
+    CHECK_EQ(*fh_reports, 1);
+    munmap(fh_reports, 4096);
+}
+
+/* After a handler jumped out of a fault, a fault deeper in the stack is
+ * not taken for one coming back from that handler: a foreign one still
+ * reaches the program's handler, a write into a mesh window still waits. */
+static _Atomic int deep_stop;
+static void *trim_constantly(void *arg) {
+    (void)arg;
+    while (!atomic_load(&deep_stop)) kp_trim();
+    return NULL;
+}
+static volatile int deep_jumps;
+__attribute__((noinline)) static void fault_deeper(int depth, void *page, void **b, size_t k) {
+    volatile char pad[2048];
+    pad[0] = 0;
+    if (depth > 0) {
+        fault_deeper(depth - 1, page, b, k);
+    } else if (page) {
+        if (sigsetjmp(probe_jump, 1) == 0) *(volatile int *)page = 1;
+        else deep_jumps++;
+    } else {
+        for (int r = 0; r < 100; r++)
+            for (size_t i = 0; i < k; i++) ((volatile uint64_t *)b[i])[0] = ((uint64_t *)b[i])[0];
+    }
+    (void)pad;
+}
+static void test_a_handler_that_jumped_out_leaves_nothing_behind(void) {
+    pid_t pid = fork();
+    if (pid == 0) {
+        alarm(30);
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_sigaction = probe_handler;
+        sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+        sigaction(SIGSEGV, &sa, NULL);
+        size_t k;
+        void **b = sparse(2000, 128, &k);
+        kp_trim();                                  /* kpool's handler over the program's */
+        void *page = mmap(NULL, 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (sigsetjmp(probe_jump, 1) == 0) *(volatile int *)page = 1;   /* shallow, jumps out */
+        else deep_jumps++;
+        fault_deeper(3, page, NULL, 0);             /* ~6 KiB deeper: the program's handler again */
+        pthread_t mesher;
+        pthread_create(&mesher, NULL, trim_constantly, NULL);
+        for (int round = 0; round < 10; round++) {  /* deeper writes into mesh windows: they wait */
+            size_t n;
+            void **w = sparse(20000, 128, &n);
+            kp_thread_flush();
+            fault_deeper(3, NULL, w, n);
+            int ok = all_intact(w, n, 128);
+            free_all(w, n);
+            if (!ok) _exit(4);
+        }
+        atomic_store(&deep_stop, 1);
+        pthread_join(mesher, NULL);
+        free_all(b, k);
+        _exit(deep_jumps == 2 ? 0 : 3);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+/* fork with a member's copy failing, then a second fork, then undo: the
+ * members already private are not copied again, and bytes_meshed stays
+ * right throughout (it wrapped around, and went negative). */
+static void test_forks_after_a_partial_split_keep_the_figures(void) {
+    size_t k;
+    void **b = sparse(40000, 64, &k);
+    kp_trim();
+    _kp_mesh_fail_next(FAIL_MOVE, 1);
+    pid_t pid = fork();
+    if (pid == 0) _exit(0);
+    _kp_mesh_fail_next(FAIL_MOVE, 0);
+    waitpid(pid, NULL, 0);
+    kp_stats one = stats_now();
+    pid = fork();
+    if (pid == 0) _exit(0);
+    waitpid(pid, NULL, 0);
+    kp_stats two = stats_now();
+    CHECK(two.bytes_meshed <= one.bytes_meshed);
+    CHECK(two.bytes_small_spans > 0);
+    CHECK(all_intact(b, k, 64));
+    free_all(b, k);
+    kp_trim();
+    CHECK_EQ(stats_now().bytes_meshed, 0);
+    size_t raw;
+    uint64_t count;
+    _kp_mesh_figures(&raw, &count);
+    CHECK_EQ(raw, 0);                              /* unclamped: it went below zero once */
+    void *x = kp_malloc(64);
+    CHECK_EQ(stats_now().bytes_meshed, 0);
+    kp_free(x);
+    CHECK(all_valid());
+}
+
 /* A write after free into a free block: meshing skips the damaged span
  * instead of following the bad link (the next pop reports it). */
 static _Atomic int reported;
@@ -675,6 +808,9 @@ int main(void) {
     RUN(test_undo_that_fails_keeps_the_group);
     RUN(test_a_crash_under_a_chaining_handler_still_ends);
     RUN(test_meshing_survives_a_handler_that_jumps_out);
+    RUN(test_a_crash_under_faulthandler_reports_once);
+    RUN(test_a_handler_that_jumped_out_leaves_nothing_behind);
+    RUN(test_forks_after_a_partial_split_keep_the_figures);
     RUN(test_damaged_free_list_is_skipped);
     return DONE();
 }
