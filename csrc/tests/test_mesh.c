@@ -509,17 +509,23 @@ static void test_join_that_fails_late_keeps_lists_sound(void) {
     CHECK(all_valid());
 }
 
+/* A fork (the child exits at once) whose prepare handler's first private
+ * copy fails. */
+static void fork_with_a_failed_copy(void) {
+    _kp_mesh_fail_next(FAIL_MOVE, 1);
+    pid_t pid = fork();
+    if (pid == 0) _exit(0);
+    _kp_mesh_fail_next(FAIL_MOVE, 0);
+    waitpid(pid, NULL, 0);
+}
+
 /* fork's private copy fails for a member: the group stays shared (its
  * file page kept), and no block loses its bytes. */
 static void test_fork_copy_that_fails_loses_nothing(void) {
     size_t k;
     void **b = sparse(20000, 256, &k);
     kp_trim();
-    _kp_mesh_fail_next(FAIL_MOVE, 1);
-    pid_t pid = fork();
-    if (pid == 0) _exit(0);
-    _kp_mesh_fail_next(FAIL_MOVE, 0);
-    waitpid(pid, NULL, 0);
+    fork_with_a_failed_copy();
     CHECK(all_intact(b, k, 256));                  /* the member left sharing still shows the file page */
     free_all(b, k);
     kp_trim();
@@ -721,13 +727,9 @@ static void test_forks_after_a_partial_split_keep_the_figures(void) {
     size_t k;
     void **b = sparse(40000, 64, &k);
     kp_trim();
-    _kp_mesh_fail_next(FAIL_MOVE, 1);
-    pid_t pid = fork();
-    if (pid == 0) _exit(0);
-    _kp_mesh_fail_next(FAIL_MOVE, 0);
-    waitpid(pid, NULL, 0);
+    fork_with_a_failed_copy();
     kp_stats one = stats_now();
-    pid = fork();
+    pid_t pid = fork();
     if (pid == 0) _exit(0);
     waitpid(pid, NULL, 0);
     kp_stats two = stats_now();
