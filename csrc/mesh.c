@@ -209,9 +209,9 @@ static void die_of(int sig, siginfo_t *si) {
  * way the fault goes to the first handler instead (or the default action),
  * never round again. A handler that jumps out (siglongjmp) leaves nothing
  * behind that a later fault could be taken for. */
-static void chain(int sig, siginfo_t *si, void *ctx) {
+static void chain(int sig, siginfo_t *si, void *ctx, int nested) {
     uintptr_t here = (uintptr_t)__builtin_frame_address(0);
-    int back = (chain_ctx == ctx && here < chain_frame) || (chained && si->si_code <= 0);
+    int back = nested || (chained && si->si_code <= 0);
     chained = 0;
     int i = atomic_load_explicit(&prev_index, memory_order_acquire);
     struct sigaction prev = i < 0 ? first_action : prev_actions[i];
@@ -246,7 +246,13 @@ static void chain(int sig, siginfo_t *si, void *ctx) {
  * window (a span the program itself made inaccessible), is chained. */
 static void on_fault(int sig, siginfo_t *si, void *ctx) {
     int saved_errno = errno;
-    if (si->si_code > 0 && !meshing_here && chain_ctx != ctx) {   /* raised by the MMU, not by kill() */
+    /* called by a previous handler from inside chain(): the same context,
+     * deeper than chain's frame; anything else is a new fault (a record
+     * left by a handler that jumped out is dropped) */
+    uintptr_t here = (uintptr_t)__builtin_frame_address(0);
+    int nested = chain_ctx == ctx && here < chain_frame;
+    if (!nested) chain_ctx = NULL;
+    if (si->si_code > 0 && !meshing_here && !nested) {   /* raised by the MMU, not by kill() */
         uintptr_t at = (uintptr_t)si->si_addr;
         kp_span *s = _kp_pagemap_get(at >> KP_PAGE_SHIFT);
         if (s && s->state == KP_SPAN_SMALL) {
@@ -268,7 +274,7 @@ static void on_fault(int sig, siginfo_t *si, void *ctx) {
             }
         }
     }
-    chain(sig, si, ctx);
+    chain(sig, si, ctx, nested);
     errno = saved_errno;
 }
 
