@@ -62,7 +62,7 @@ static kp_span *new_span(kp_central *c, unsigned cls) {
     s->allocated = 0;
     s->freelist = s->freelist_tail = NULL;
     s->mesh_primary = s->mesh_next = s->group_next = s->group_prev = NULL;
-    s->mesh_members = s->mesh_shared = s->mesh_split = s->mesh_mapped = s->mesh_on_file = 0;
+    s->mesh_members = s->mesh_split = s->mesh_mapped = s->mesh_on_file = 0;
 #if KP_DEBUG
     for (int i = 0; i < 8; i++) atomic_store(&s->live_bits[i], 0);
 #endif
@@ -75,19 +75,20 @@ static kp_span *new_span(kp_central *c, unsigned cls) {
     return s;
 }
 
-/* 1 if p is a slot of s (or of a member of s's meshed group). */
-static int slot_of_span(const kp_span *s, const void *p) {
-    if (!_kp_link_ok(p)) return 0;
+/* The slot index of p in s (or in a member of s's meshed group), or -1 if
+ * p is not a slot there. */
+static int64_t slot_of_span(const kp_span *s, const void *p) {
+    if (!_kp_link_ok(p)) return -1;
     const kp_span *m = s;
     uintptr_t pn = (uintptr_t)p >> KP_PAGE_SHIFT;
     if (pn - s->start >= s->npages) {
         m = s->mesh_members ? _kp_pagemap_get(pn) : NULL;
-        if (!m || m->mesh_primary != s) return 0;
+        if (!m || m->mesh_primary != s) return -1;
     }
     const kp_class_info *ci = &_kp_classes[s->sizeclass];
     uint64_t off = (uintptr_t)p - (m->start << KP_PAGE_SHIFT);
     uint64_t i = (off * ci->recip) >> 32;
-    return i < s->capacity && i * ci->size == off;
+    return i < s->capacity && i * ci->size == off ? (int64_t)i : -1;
 }
 
 /* The chain a fetch hands out is built in order, appended at its tail:
@@ -130,7 +131,7 @@ unsigned _kp_central_fetch(unsigned cls, unsigned n, void **head_out) {
             if (s->freelist) {
                 obj = s->freelist;
                 void *next = _kp_next(obj);
-                if (next && !slot_of_span(s, next)) {
+                if (next && slot_of_span(s, next) < 0) {
                     /* a write after free damaged obj's link: the rest of the
                      * list is out of reach, counted out of the span for good */
                     _kp_report_bad_link("kp_malloc", obj);
@@ -260,14 +261,13 @@ _Static_assert(KP_MESH_CANDIDATES <= 65536, "order holds an index");
 
 /* UINT32_MAX if the free list is damaged (a write after free): the span
  * is left alone, and the next pop reports it. */
-static uint32_t live_slots(const kp_span *s, const kp_class_info *ci, uint64_t live[8]) {
+static uint32_t live_slots(const kp_span *s, uint64_t live[8]) {
     memset(live, 0, 8 * sizeof live[0]);
     for (uint32_t i = 0; i < s->carved; i++) live[i / 64] |= (uint64_t)1 << (i % 64);
     uint32_t listed = 0;
     for (void *p = s->freelist; p; p = _kp_next(p)) {
-        if (!slot_of_span(s, p) || ++listed > s->capacity) return UINT32_MAX;
-        kp_span *m = _kp_pagemap_get((uintptr_t)p >> KP_PAGE_SHIFT);
-        uint32_t i = (uint32_t)((((uintptr_t)p - (m->start << KP_PAGE_SHIFT)) * ci->recip) >> 32);
+        int64_t i = slot_of_span(s, p);
+        if (i < 0 || ++listed > s->capacity) return UINT32_MAX;
         if (!(live[i / 64] >> (i % 64) & 1)) return UINT32_MAX;   /* listed twice */
         live[i / 64] &= ~((uint64_t)1 << (i % 64));
     }
@@ -313,7 +313,7 @@ unsigned _kp_central_mesh(unsigned cls, unsigned max_joins, size_t min_free, uns
             mesh_candidate *m = &candidates[n];
             m->span = next;
             m->taken = 0;
-            m->nlive = live_slots(next, ci, m->live);
+            m->nlive = live_slots(next, m->live);
             if (m->nlive != UINT32_MAX) n++;
         }
         if (next == &c->partial) next = NULL;

@@ -96,7 +96,7 @@ _Static_assert(KP_RECENT_MAX_PAGES * KP_PAGE_SIZE <= KP_RECENT_BYTES, "a kept sp
 /* ---- meshing ------------------------------------------------------------- */
 #define KP_MESH_MAX_MEMBERS 32                 /* spans sharing one physical page at most */
 #define KP_MESH_CANDIDATES 2048                /* spans of a class looked at per round */
-#define KP_MESH_PROBES 512                      /* destinations tried per source */
+#define KP_MESH_PROBES 512                     /* destinations tried per source */
 #define KP_MESH_PERIOD_MS 100                  /* the decay path meshes at most this often */
 #define KP_MESH_TICK_JOINS 512                 /* ... and at most this many spans each time */
 #define KP_MESH_MIN_FREE ((size_t)1 << 20)     /* a class with less free in its spans is skipped */
@@ -184,8 +184,7 @@ typedef struct kp_span {
     struct kp_span *mesh_next;     /* primary and aliases: the group's next alias */
     struct kp_span *group_next, *group_prev; /* primary of a group: its class's group list */
     uint8_t mesh_members;          /* primary: spans in the group, itself included (0: no group) */
-    uint8_t mesh_shared;           /* primary: members map its memfd page */
-    uint8_t mesh_mapped;           /* primary: how many do (fork's split leaves private copies) */
+    uint8_t mesh_mapped;           /* primary: members that map its memfd page (0 after fork's split) */
     uint8_t mesh_on_file;          /* member (primary too): its range maps the group's file page */
     uint8_t mesh_split;            /* primary: members hold private copies (after fork); not meshed again */
     _Atomic uint8_t mesh_busy;     /* write-protected by a mesh operation now: a fault waits */

@@ -393,7 +393,6 @@ static int share(kp_span *dst) {
     }
     window_close(dst);
     if (!ok) return -1;
-    dst->mesh_shared = 1;
     dst->mesh_members = 1;
     dst->mesh_mapped = 1;
     dst->mesh_on_file = 1;
@@ -403,8 +402,8 @@ static int share(kp_span *dst) {
 }
 
 int _kp_mesh_join(kp_span *dst, kp_span *src, const uint64_t *src_live) {
-    if (atomic_load(&mapped_members) + (dst->mesh_shared ? 1 : 2) > max_members) return -1;
-    if (!dst->mesh_shared && share(dst) != 0) return -1;
+    if (atomic_load(&mapped_members) + (dst->mesh_mapped ? 1 : 2) > max_members) return -1;
+    if (!dst->mesh_mapped && share(dst) != 0) return -1;
     const size_t size = _kp_classes[src->sizeclass].size;
     char *from = span_addr(src), *to = span_addr(dst);
     if (window_open(src) != 0) return -1;
@@ -449,10 +448,10 @@ int _kp_mesh_undo(kp_span *p) {
     }
     if (p->mesh_next || map_private(p, 0) != 0) return -1;
     if (p->mesh_on_file) set_mapped(p, p->mesh_mapped - 1u);
-    if (p->mesh_shared || p->mesh_split) punch(p);   /* nothing maps the file page now */
+    punch(p);   /* every group got a file page when it was made (share); nothing maps it now */
     atomic_fetch_sub(&mapped_members, 1);
     group_unlink(p);
-    p->mesh_members = p->mesh_shared = p->mesh_split = p->mesh_mapped = p->mesh_on_file = 0;
+    p->mesh_members = p->mesh_split = p->mesh_mapped = p->mesh_on_file = 0;
     return 0;
 }
 
@@ -491,7 +490,6 @@ static void split(kp_span *p) {
         if (write(2, cannot, sizeof cannot - 1) < 0) {}
     } else {
         punch(p);
-        p->mesh_shared = 0;
     }
     set_mapped(p, mapped);
     p->mesh_split = 1;
