@@ -2,9 +2,15 @@
  *
  * Job: carve spans out of memory mapped from the OS, take them back,
  * coalesce a freed span with its free neighbours, serve large requests as
- * spans directly, and give idle pages back to the OS: at once when more than
- * KP_RETAIN_BYTES sit free and unreleased (oldest first, down to half of
- * that), after KP_DECAY_MS of idleness, and on kp_trim.
+ * spans directly, and give idle pages back to the OS: at once when the free,
+ * unreleased bytes pass the retention budget (oldest first, down to half of
+ * it), after KP_DECAY_MS of idleness, and on kp_trim. The budget is a
+ * quarter of the bytes in use (KP_RETAIN_DIV), within [KP_RETAIN_MIN,
+ * KP_RETAIN_MAX]: a big heap that frees a part and grows back (a Python
+ * program dropping one result for the next) keeps the pages instead of
+ * faulting them in again, and a small program keeps little. Requests take
+ * resident pages first: free spans, then the kept large spans (below),
+ * then released ones.
  * Calls: pagemap (set entries), os (map, release), metadata (span structs).
  * Free lists: for 1..128 pages one list per size, one list above; each kind
  * twice, for spans with resident pages ("normal") and released ones; a
@@ -259,14 +265,17 @@ static void decay(void);
 /* *was_released (if not NULL) tells whether the pages came from a released
  * span, so that pieces given back stay filed as not resident. */
 static void recent_flush(void);
+static void recent_evict(unsigned i);
 
 static kp_span *alloc_locked(size_t npages, kp_span_state state, int *was_released) {
     kp_span *s = find_in(&ph.normal, npages);
-    if (!s) s = find_in(&ph.released, npages);
-    if (!s && ph.nrecent) {          /* the kept large spans may coalesce into a fit */
-        recent_flush();
+    /* Resident pages before released ones: the kept large spans, oldest
+     * first, may give or coalesce into a fit. */
+    while (!s && ph.nrecent) {
+        recent_evict(0);
         s = find_in(&ph.normal, npages);
     }
+    if (!s) s = find_in(&ph.released, npages);
     if (!s) {
         if (grow(npages) != 0) return NULL;
         s = find_in(&ph.normal, npages);
@@ -599,13 +608,20 @@ static int release_span(kp_span *s) {
 
 /* Release what has been idle too long, and whatever exceeds the retention
  * budget (oldest first, down to half the budget). REQUIRES lock. */
+static size_t retain_budget(void) {
+    size_t in_use = ph.mapped_bytes - ph.free_bytes - ph.released_bytes;
+    size_t b = in_use / KP_RETAIN_DIV;
+    return b < KP_RETAIN_MIN ? KP_RETAIN_MIN : b > KP_RETAIN_MAX ? KP_RETAIN_MAX : b;
+}
+
 static void decay(void) {
     uint64_t now_ms = _kp_now_coarse_ms();
+    size_t budget = retain_budget();
     while (ph.nrecent && (now_ms - ph.recent[0]->free_since_ms >= KP_DECAY_MS ||
-                          ph.free_bytes + ph.recent_bytes > KP_RETAIN_BYTES))
+                          ph.free_bytes + ph.recent_bytes > budget))
         recent_evict(0);
-    if (ph.free_bytes > KP_RETAIN_BYTES) {
-        while (ph.free_bytes > KP_RETAIN_BYTES / 2 && ph.age.age_next != &ph.age)
+    if (ph.free_bytes > budget) {
+        while (ph.free_bytes > budget / 2 && ph.age.age_next != &ph.age)
             if (!release_span(ph.age.age_next)) return;
     }
     uint64_t now = _kp_now_coarse_ms();

@@ -95,6 +95,32 @@ static void test_many_spans_random_order(void) {
     CHECK(_kp_pageheap_is_valid());
 }
 
+/* Free pages are kept resident up to a quarter of the bytes in use (at least
+ * KP_RETAIN_MIN): a big heap that frees a part keeps it for the next
+ * allocations instead of faulting them in again; once the heap is small the
+ * free pages go back down to the minimum. */
+static void test_retention_scales_with_heap(void) {
+    enum { N = 64, PAGES = 256 };    /* 64 spans of 2 MiB: 128 MiB in use */
+    _kp_pageheap_trim();
+    kp_span *s[N];
+    for (int i = 0; i < N; i++) {
+        s[i] = _kp_pageheap_alloc(PAGES, KP_SPAN_LARGE);
+        CHECK(s[i] != NULL);
+    }
+    kp_pageheap_figures before, mid, after;
+    _kp_pageheap_figures(&before);
+    for (int i = 0; i < 12; i++) _kp_pageheap_free(s[i]);   /* 24 MiB free, 104 MiB in use */
+    _kp_pageheap_figures(&mid);
+    CHECK_EQ(mid.released, before.released);
+    CHECK(mid.free_bytes >= (size_t)12 * PAGES * KP_PAGE_SIZE);
+    CHECK((size_t)12 * PAGES * KP_PAGE_SIZE > ((size_t)16 << 20));   /* more than a fixed 16 MiB would keep */
+    for (int i = 12; i < N; i++) _kp_pageheap_free(s[i]);
+    _kp_pageheap_figures(&after);
+    CHECK(after.free_bytes <= KP_RETAIN_MIN);
+    CHECK(after.released >= before.released + (size_t)(N * PAGES) * KP_PAGE_SIZE - KP_RETAIN_MIN);
+    CHECK(_kp_pageheap_is_valid());
+}
+
 int main(void) {
     _kp_init();
     RUN(test_split_and_coalesce);
@@ -102,5 +128,6 @@ int main(void) {
     RUN(test_trim_releases_free_spans);
     RUN(test_map_failure_is_enomem_and_recoverable);
     RUN(test_many_spans_random_order);
+    RUN(test_retention_scales_with_heap);
     return DONE();
 }

@@ -10,14 +10,52 @@ static size_t cached_in_all_threads(unsigned cls) {
     return st.classes[cls - 1].free_in_tcaches;
 }
 
-static void test_refill_and_overflow_move_batches(void) {
-    unsigned cls = _kp_size_class(80);
+/* n blocks of size, all live at once, then all freed (n <= 128). */
+static void alloc_then_free(size_t size, int n) {
+    void *v[128];
+    for (int i = 0; i < n; i++) v[i] = kp_malloc(size);
+    for (int i = 0; i < n; i++) kp_free(v[i]);
+}
+
+/* A new thread's list starts small and doubles per refill up to a whole
+ * batch (slow start: a class a thread uses once does not make a batch of
+ * blocks resident), then moves whole batches. */
+static void *refill_sizes(void *arg) {
+    unsigned cls = _kp_size_class(80), *sizes = arg;
     kp_tcache *tc = _kp_tcache_get();
     CHECK(tc != NULL);
+    CHECK_EQ(tc->lists[cls].max, 0);
+    enum { N = 200 };
+    void *v[N];
+    unsigned refills = 0;
+    uint64_t fetched = KP_LOAD(tc->moves[cls].fetched);
+    for (int i = 0; i < N && refills < 8; i++) {
+        v[i] = kp_malloc(80);
+        uint64_t now = KP_LOAD(tc->moves[cls].fetched);
+        if (now != fetched) sizes[refills++] = (unsigned)(now - fetched);
+        fetched = now;
+        if (refills == 8) for (int j = 0; j <= i; j++) kp_free(v[j]);
+    }
+    return NULL;
+}
+
+static void test_refill_and_overflow_move_batches(void) {
+    unsigned cls = _kp_size_class(80), batch = _kp_classes[cls].batch;
+    CHECK_EQ(batch, 32);
+    unsigned sizes[8] = { 0 };
+    pthread_t t;
+    CHECK_EQ(pthread_create(&t, NULL, refill_sizes, sizes), 0);
+    pthread_join(t, NULL);
+    unsigned want[8] = { 2, 3, 5, 9, 17, 32, 32, 32 };
+    for (int i = 0; i < 8; i++) CHECK_EQ(sizes[i], want[i]);
+    kp_tcache *tc = _kp_tcache_get();
+    CHECK(tc != NULL);
+    alloc_then_free(80, 128);
     kp_thread_flush();
     CHECK_EQ(KP_LOAD(tc->lists[cls].count), 0);
     void *p = kp_malloc(80);
-    CHECK_EQ(KP_LOAD(tc->lists[cls].count), _kp_classes[cls].batch - 1);
+    CHECK(tc->lists[cls].max >= batch);    /* a list grown before keeps its max */
+    CHECK_EQ(KP_LOAD(tc->lists[cls].count), batch - 1);
     kp_free(p);
     enum { N = 1000 };
     void *v[N];
@@ -27,12 +65,6 @@ static void test_refill_and_overflow_move_batches(void) {
     CHECK(_kp_central_is_valid(cls));
 }
 
-/* n blocks of size, all live at once, then all freed (n <= 128). */
-static void alloc_then_free(size_t size, int n) {
-    void *v[128];
-    for (int i = 0; i < n; i++) v[i] = kp_malloc(size);
-    for (int i = 0; i < n; i++) kp_free(v[i]);
-}
 
 /* Bytes of free blocks in tc's lists. */
 static size_t held_bytes(const kp_tcache *tc) {
