@@ -56,8 +56,8 @@
 #define KP_SMALL_MAX ((size_t)256 << 10)       /* larger requests get spans of their own */
 #define KP_FINE_MAX 1024                       /* 16-byte steps up to here */
 #define KP_FINE_STEP 16
-#define KP_COARSE_STEP 128                     /* lookup granularity above KP_FINE_MAX */
-#define KP_NUM_CLASSES 129                     /* class 0 is "not a small class" */
+#define KP_COARSE_STEP 32                      /* lookup granularity above KP_FINE_MAX (1 KiB + 1/32) */
+#define KP_NUM_CLASSES 137                     /* class 0 is "not a small class" */
 #define KP_MIN_ALIGN 16
 #define KP_CLASS_POOL 255                      /* pagemap class byte of a pool chunk (no fast free) */
 #define KP_CLASS_POOL_SLOT0 KP_NUM_CLASSES      /* + slot: a cached pool's chunks (fast free) */

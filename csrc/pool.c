@@ -273,10 +273,14 @@ kp_pool *kp_pool_create(size_t block_size, size_t align, size_t capacity) {
     pool->batch = (uint32_t)(batch < 4 ? 4 : batch > 64 ? 64 : batch);
     pool->cache_max = 2 * pool->batch;
     /* A chunk holds at least 16 blocks and 64 KiB, rounded up to a power of
-     * two and aligned to it, up to KP_POOL_CHUNK_ALIGNED; larger blocks get
-     * chunks of max(4 MiB, one block) found through their span. */
+     * two and aligned to it, up to KP_POOL_CHUNK_ALIGNED; blocks of up to a
+     * quarter of that get aligned chunks of KP_POOL_CHUNK_ALIGNED (4 or more
+     * blocks: their frees take the fast path too); larger blocks get chunks
+     * of max(KP_POOL_CHUNK_ALIGNED, one block) found through their span. */
     size_t want = pool->block_size * 16 > KP_POOL_CHUNK_MIN ? pool->block_size * 16 : KP_POOL_CHUNK_MIN;
     if (want < align) want = align;
+    if (want > KP_POOL_CHUNK_ALIGNED && pool->block_size * 4 <= KP_POOL_CHUNK_ALIGNED && align <= KP_POOL_CHUNK_ALIGNED)
+        want = KP_POOL_CHUNK_ALIGNED;
     if (want <= KP_POOL_CHUNK_ALIGNED) {
         pool->chunk_bytes = KP_POOL_CHUNK_MIN;
         while (pool->chunk_bytes < want) pool->chunk_bytes *= 2;

@@ -390,6 +390,38 @@ static void test_big_blocks_map_one_block_at_a_time(void) {
     kp_pool_destroy(pool);
 }
 
+/* Cached pools of blocks up to a quarter of KP_POOL_CHUNK_ALIGNED (1 MiB)
+ * get aligned chunks whose pages carry the pool's slot tag: their frees
+ * take the fast path (one class byte, a mask, a multiply). Larger blocks are
+ * found through their span. Either way a double free is reported. */
+static void test_big_blocks_take_the_fast_path(void) {
+    size_t sizes[] = { 64, 4096, 65536, (size_t)256 << 10, (size_t)1 << 20, (size_t)2 << 20 };
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        kp_pool *pool = kp_pool_create(sizes[i], 0, 0);
+        CHECK(pool != NULL);
+        void *v[6];
+        for (int j = 0; j < 6; j++) v[j] = kp_pool_alloc(pool);
+        for (int j = 0; j < 6; j++) {
+            CHECK(v[j] != NULL);
+            unsigned tag = _kp_pagemap_class(v[j]);
+            int slot_tag = tag >= KP_CLASS_POOL_SLOT0 && tag < KP_CLASS_POOL_SLOT0 + KP_POOL_SLOTS;
+            CHECK_EQ(slot_tag, sizes[i] * 4 <= KP_POOL_CHUNK_ALIGNED);
+            CHECK_EQ(kp_usable_size(v[j]), sizes[i]);
+        }
+        for (int j = 0; j < 6; j++) kp_pool_free(pool, v[j]);
+        handler_calls = 0;
+        kp_set_error_handler(record_handler);
+        kp_pool_free(pool, v[2]);               /* not live: reported, not cached twice */
+        kp_set_error_handler(NULL);
+        CHECK_EQ(handler_calls, 1);
+        void *a = kp_pool_alloc(pool), *b = kp_pool_alloc(pool);
+        CHECK(a != b);
+        kp_pool_free(pool, a);
+        kp_pool_free(pool, b);
+        kp_pool_destroy(pool);
+    }
+}
+
 int main(void) {
     _kp_init();
     RUN(test_bad_arguments_are_einval);
@@ -403,5 +435,6 @@ int main(void) {
     RUN(test_stats_while_threads_allocate_and_free);
     RUN(test_trim_and_destroy_give_memory_back);
     RUN(test_destroyed_pool_caches_are_not_reused);
+    RUN(test_big_blocks_take_the_fast_path);
     return DONE();
 }

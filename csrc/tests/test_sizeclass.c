@@ -22,7 +22,13 @@ static void test_fine_and_coarse_steps(void) {
     CHECK_EQ(_kp_classes[_kp_size_class(1)].size, 16);
     CHECK_EQ(_kp_classes[_kp_size_class(17)].size, 32);
     CHECK_EQ(_kp_classes[_kp_size_class(1000)].size, 1008);
-    CHECK_EQ(_kp_classes[_kp_size_class(1025)].size, 1152);
+    CHECK_EQ(_kp_classes[_kp_size_class(1025)].size, 1056);
+    CHECK_EQ(_kp_classes[_kp_size_class(1057)].size, 1152);
+    /* a power of two plus a header: 1/32 above it, not the next 1/8 step */
+    for (size_t p = 1024; p < KP_SMALL_MAX; p *= 2) {
+        CHECK_EQ(_kp_classes[_kp_size_class(p + 8)].size, p + p / 32);
+        CHECK_EQ(_kp_classes[_kp_size_class(p + p / 32 + 1)].size, p + p / 8);
+    }
     CHECK_EQ(_kp_classes[_kp_size_class(KP_SMALL_MAX)].size, KP_SMALL_MAX);
     for (unsigned c = 2; c < KP_NUM_CLASSES; c++) {
         uint32_t prev = _kp_classes[c - 1].size, cur = _kp_classes[c].size;
@@ -31,11 +37,11 @@ static void test_fine_and_coarse_steps(void) {
     }
 }
 
-static void test_spans_waste_at_most_an_eighth(void) {
+static void test_spans_waste_at_most_a_32nd(void) {
     for (unsigned c = 1; c < KP_NUM_CLASSES; c++) {
         const kp_class_info *ci = &_kp_classes[c];
         size_t bytes = (size_t)ci->npages * KP_PAGE_SIZE;
-        CHECK((bytes - (size_t)ci->objects * ci->size) * 8 <= bytes);
+        CHECK((bytes - (size_t)ci->objects * ci->size) * 32 <= bytes);
         CHECK(ci->batch >= 2 && ci->batch <= KP_BATCH_MAX);
         CHECK(ci->tcache_max >= ci->batch);
     }
@@ -50,7 +56,7 @@ int main(void) {
     RUN(test_table_is_valid);
     RUN(test_every_size_rounds_to_the_smallest_class);
     RUN(test_fine_and_coarse_steps);
-    RUN(test_spans_waste_at_most_an_eighth);
+    RUN(test_spans_waste_at_most_a_32nd);
     RUN(test_powers_of_two_are_classes);
     return DONE();
 }
