@@ -96,7 +96,9 @@ _Static_assert(KP_SMALL_MAX % KP_COARSE_STEP == 0, "coarse lookup covers the sma
 #define KP_RETAIN_MIN ((size_t)4 << 20)
 #endif
 #define KP_RETAIN_MAX ((size_t)256 << 20)
+#ifndef KP_DECAY_MS
 #define KP_DECAY_MS 1000                       /* free spans older than this go back to the OS */
+#endif
 #define KP_DECAY_CHECK_MS 50                   /* how often the page heap looks at the clock */
 #define KP_RECENT_SPANS 8                      /* freed large spans kept whole for reuse */
 #define KP_RECENT_MAX_PAGES 1024               /* ... of at most 8 MiB each */

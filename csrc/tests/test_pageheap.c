@@ -3,6 +3,9 @@
 #include "check.h"
 #include "kp_internal.h"
 
+#include <sys/mman.h>
+#include <sys/resource.h>
+
 static void test_split_and_coalesce(void) {
     kp_span *a = _kp_pageheap_alloc(3, KP_SPAN_LARGE);
     kp_span *b = _kp_pageheap_alloc(5, KP_SPAN_LARGE);
@@ -121,6 +124,38 @@ static void test_retention_scales_with_heap(void) {
     CHECK(_kp_pageheap_is_valid());
 }
 
+static long minor_faults(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_minflt;
+}
+
+/* A range made of two kernel mappings (the second moved beside the first
+ * with mremap keeps its own) moves page for page: its contents arrive, no
+ * page is copied (a copy would fault every page of the target in), and the
+ * old range is gone. */
+static void test_move_across_mappings(void) {
+    size_t ps = _kp_os_page_size(), half = 64 * ps;
+    char *a = mmap(NULL, 2 * half, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    char *b = mmap(NULL, half, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(a != MAP_FAILED && b != MAP_FAILED);
+    memset(a, 'a', half);
+    memset(b, 'b', half);
+    CHECK(mremap(b, half, half, MREMAP_MAYMOVE | MREMAP_FIXED, a + half) == a + half);
+    CHECK(mremap(a, 2 * half, 2 * half + ps, 0) == MAP_FAILED && errno == EFAULT);   /* two mappings */
+    char *dst = _kp_os_map(4 * half, ps);
+    CHECK(dst != NULL);
+    long before = minor_faults();
+    CHECK_EQ(_kp_os_move(a, 2 * half, 4 * half, dst), 0);
+    long faults = minor_faults() - before;
+    CHECK(faults < 16);
+    CHECK(dst[0] == 'a' && dst[half - 1] == 'a' && dst[half] == 'b' && dst[2 * half - 1] == 'b');
+    CHECK(dst[2 * half] == 0 && dst[4 * half - 1] == 0);            /* the grown tail reads as zero */
+    CHECK(msync(a, ps, MS_ASYNC) != 0 && errno == ENOMEM);          /* the old range is unmapped */
+    CHECK(msync(a + half, ps, MS_ASYNC) != 0 && errno == ENOMEM);
+    _kp_os_unmap(dst, 4 * half);
+}
+
 int main(void) {
     _kp_init();
     RUN(test_split_and_coalesce);
@@ -129,5 +164,6 @@ int main(void) {
     RUN(test_map_failure_is_enomem_and_recoverable);
     RUN(test_many_spans_random_order);
     RUN(test_retention_scales_with_heap);
+    RUN(test_move_across_mappings);
     return DONE();
 }
