@@ -7,6 +7,7 @@ so that the installed kpool is the one imported.
 """
 import gc
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -14,6 +15,14 @@ import textwrap
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# A shell without job control starts a background job (`cmd &`) with SIGINT
+# ignored, and CPython then installs no KeyboardInterrupt handler: every
+# Ctrl-C test would send a signal nobody receives (a run of the suite in the
+# background hung in test_ctrl_c_stops_a_run that way). Give the suite, and
+# through exec the programs it starts, the handler a terminal would.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _import_kpool():
