@@ -107,6 +107,19 @@ static void test_pool_link_damage_is_caught(void) {
     kp_pool_destroy(pool);
 }
 
+/* A block handed out shows neither its free-list link nor its free mark:
+ * an uninitialised read of a new block learns no heap address (kpool.h). */
+static void test_handed_out_block_shows_no_link_or_mark(void) {
+    uintptr_t *a = kp_malloc(48), *b = kp_malloc(48);
+    kp_free(b);
+    kp_free(a);                       /* a's link leads to b; a is marked free */
+    uintptr_t *again = kp_malloc(48);
+    CHECK(again == a);                /* the thread's list is last in, first out */
+    CHECK_EQ(again[0], 0);
+    CHECK_EQ(again[1], 0);
+    kp_free(again);
+}
+
 int main(int argc, char **argv) {
     _kp_init();
     kp_set_error_handler(record_handler);
@@ -117,5 +130,6 @@ int main(int argc, char **argv) {
     MAYBE(test_use_after_free_write_is_caught_at_the_next_pop);
     MAYBE(test_overflow_into_a_free_block_is_caught);
     MAYBE(test_pool_link_damage_is_caught);
+    MAYBE(test_handed_out_block_shows_no_link_or_mark);
     return DONE();
 }
