@@ -243,5 +243,88 @@ def test_sigint_ends_a_process_whose_worker_thread_runs_stress(how):
     assert wall < 20, wall
 
 
+@pytest.mark.parametrize("caught", [False, True])
+def test_sigint_stops_a_worker_run_inside_with_executor(caught):
+    """The common form: `with ThreadPoolExecutor()` around a worker's run.
+    KeyboardInterrupt leaves the with block, whose exit joins the worker;
+    Ctrl-C has cancelled the run, so the join is prompt. Caught, the
+    worker's result says how the run ended."""
+    code = f"""
+        import os, signal, threading, time, kpool
+        from concurrent.futures import ThreadPoolExecutor
+        t0 = time.monotonic()
+        try:
+            with ThreadPoolExecutor(1) as ex:
+                f = ex.submit(kpool.stress, 'mixed', threads=2, ops={4 * LONG})   # a minute or more uncancelled
+                time.sleep(0.3)
+                threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+                print('waiting', flush=True)
+                f.result()
+            print('not interrupted', flush=True)
+        except KeyboardInterrupt:
+            if not {caught}:
+                raise
+            r = f.result()
+            print('caught', r['stopped'], r['stop_reason'], 0 < r['ops'] < r['ops_requested'],
+                  time.monotonic() - t0 < 20, flush=True)
+        r = kpool.stress('pairs', threads=1, ops=1000)
+        print('next', r['stopped'], r['ops'], flush=True)
+    """
+    t0 = time.monotonic()
+    proc = run_python(code, timeout=300, expect_rc=0 if caught else None)
+    assert time.monotonic() - t0 < 20
+    assert "waiting" in proc.stdout and "not interrupted" not in proc.stdout, (proc.stdout, proc.stderr)
+    if caught:
+        assert "caught True cancel True True" in proc.stdout, proc.stdout
+        assert "next False 1000" in proc.stdout
+    else:
+        assert "KeyboardInterrupt" in proc.stderr, proc.stderr
+        assert proc.returncode in (-signal.SIGINT, 128 + signal.SIGINT), (proc.returncode, proc.stderr)
+
+
+def test_sigint_under_a_handler_of_the_programs_own_leaves_runs_alone():
+    """kpool cancels runs on SIGINT only while Python's default handler is
+    installed: a program that handles SIGINT itself keeps its runs."""
+    code = f"""
+        import os, signal, threading, kpool
+        got = []
+        signal.signal(signal.SIGINT, lambda *a: got.append(1))
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+        r = kpool.stress('mixed', threads=2, ops={LONG}, duration=1.0)
+        print(len(got), r['stopped'], r['stop_reason'], flush=True)
+    """
+    proc = run_python(code, timeout=120)
+    assert proc.stdout.split() == ["1", "True", "duration"], (proc.stdout, proc.stderr)
+
+
+def test_the_sigint_handler_is_kpools_only_while_a_run_is_in_progress():
+    """The C-level SIGINT handler: Python's before, kpool's during a run (in
+    front of Python's), Python's again after the last run ends."""
+    code = f"""
+        import ctypes, signal, threading, time, kpool
+        libc = ctypes.CDLL(None, use_errno=True)
+        def handler():
+            act = ctypes.create_string_buffer(512)     # struct sigaction: the handler is its first field
+            assert libc.sigaction(signal.SIGINT, None, act) == 0
+            return ctypes.c_void_p.from_buffer(act).value
+        before = handler()
+        stop = threading.Event()
+        t = threading.Thread(target=kpool.stress, args=('mixed',), kwargs=dict(threads=1, ops={LONG}, cancel=stop))
+        t.start()
+        during = before
+        for _ in range(200):
+            during = handler()
+            if during != before:
+                break
+            time.sleep(0.01)
+        stop.set()
+        t.join()
+        after = handler()
+        print(during != before, after == before, signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+    """
+    proc = run_python(code, timeout=120)
+    assert proc.stdout.split() == ["True", "True", "True"], (proc.stdout, proc.stderr)
+
+
 def test_stress_cancel_with_nothing_running():
     assert kpool.stress_cancel() == 0

@@ -11,6 +11,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -391,6 +392,89 @@ static int interpreter_exiting(void) {
     return r;
 }
 
+/* Ctrl-C and runs in other threads. Python handles SIGINT in the main
+ * thread only, so a run in a worker thread would not notice it, and a main
+ * thread that leaves `with ThreadPoolExecutor()` on KeyboardInterrupt joins
+ * that worker for as long as its run lasts. While a run is in progress and
+ * SIGINT has Python's default handler (signal.default_int_handler), kpool
+ * puts a C handler in front of Python's: it counts the signal (one atomic
+ * add, async-signal-safe) and calls the handler it replaced, so Python
+ * still raises KeyboardInterrupt in the main thread; every run's wait loop
+ * sees the count move within 50 ms and cancels its run. A run reads the
+ * count before it installs the handler, so no SIGINT from then on is
+ * missed. The last run to end puts the old handler back, unless something
+ * has replaced kpool's since (then that one stays). The disposition is the
+ * process's, so this state is process-wide, not per module; sigint_lock
+ * guards it, and `sigint_prev` is written before the handler that reads it
+ * is installed. */
+static pthread_mutex_t sigint_lock = PTHREAD_MUTEX_INITIALIZER;
+static unsigned sigint_runs;          /* runs that installed (or kept) the handler */
+static int sigint_installed;
+static struct sigaction sigint_prev;
+static atomic_uint sigint_count;      /* SIGINTs kpool's handler has seen */
+
+static void sigint_cancel_runs(int sig, siginfo_t *info, void *ctx) {
+    int saved_errno = errno;
+    atomic_fetch_add_explicit(&sigint_count, 1, memory_order_relaxed);
+    if (sigint_prev.sa_flags & SA_SIGINFO) {
+        sigint_prev.sa_sigaction(sig, info, ctx);
+    } else if (sigint_prev.sa_handler == SIG_DFL) {
+        signal(sig, SIG_DFL);         /* not reached while Python's handler was there; be the default */
+        raise(sig);
+    } else if (sigint_prev.sa_handler != SIG_IGN) {
+        sigint_prev.sa_handler(sig);
+    }
+    errno = saved_errno;
+}
+
+/* 1 if SIGINT has Python's default handler, 0 if not; -1 + exception. */
+static int sigint_is_python_default(void) {
+    PyObject *signal_mod = PyImport_ImportModule("signal");
+    if (!signal_mod) return -1;
+    PyObject *current = PyObject_CallMethod(signal_mod, "getsignal", "i", SIGINT);
+    PyObject *deflt = current ? PyObject_GetAttrString(signal_mod, "default_int_handler") : NULL;
+    int r = deflt ? current == deflt : -1;
+    Py_XDECREF(deflt);
+    Py_XDECREF(current);
+    Py_DECREF(signal_mod);
+    return r;
+}
+
+/* At a run's start: put the handler in front (see above); *seen is the
+ * count to compare with. 1 if this run counts in sigint_runs (call
+ * sigint_run_end), 0 if not; -1 + exception. */
+static int sigint_run_begin(unsigned *seen) {
+    *seen = atomic_load_explicit(&sigint_count, memory_order_relaxed);
+    int dflt = sigint_is_python_default();
+    if (dflt <= 0) return dflt;
+    pthread_mutex_lock(&sigint_lock);
+    if (!sigint_installed) {
+        struct sigaction mine;
+        memset(&mine, 0, sizeof mine);
+        mine.sa_sigaction = sigint_cancel_runs;
+        mine.sa_flags = SA_SIGINFO | SA_ONSTACK;
+        sigemptyset(&mine.sa_mask);
+        if (sigaction(SIGINT, NULL, &sigint_prev) == 0 && sigaction(SIGINT, &mine, NULL) == 0)
+            sigint_installed = 1;
+    }
+    int counted = sigint_installed;
+    if (counted) sigint_runs++;
+    pthread_mutex_unlock(&sigint_lock);
+    return counted;
+}
+
+static void sigint_run_end(void) {
+    pthread_mutex_lock(&sigint_lock);
+    if (--sigint_runs == 0) {
+        struct sigaction now;
+        if (sigaction(SIGINT, NULL, &now) == 0 && (now.sa_flags & SA_SIGINFO) &&
+            now.sa_sigaction == sigint_cancel_runs)
+            (void)sigaction(SIGINT, &sigint_prev, NULL);
+        sigint_installed = 0;
+    }
+    pthread_mutex_unlock(&sigint_lock);
+}
+
 /* cancel=: None, or an object with an is_set() method (threading.Event). */
 static int cancel_arg(PyObject *o) {
     if (!o || o == Py_None) return 0;
@@ -481,9 +565,13 @@ static PyObject *kpy_stress(PyObject *module, PyObject *args, PyObject *kwds) {
     char err[512] = "";
     kps_run *run = NULL;
     int rc;
+    unsigned sigint_seen;
+    int sigint_counted = sigint_run_begin(&sigint_seen);
+    if (sigint_counted < 0) return NULL;
     Py_BEGIN_ALLOW_THREADS  /* setting up a large run maps and touches memory */
     rc = kps_start(&cfg, &run, err, sizeof err);
     Py_END_ALLOW_THREADS
+    if (rc != 0 && sigint_counted) sigint_run_end();
     if (rc == -1) {
         PyErr_Format(PyExc_ValueError, "stress: %s", err[0] ? err : "bad configuration");
         return NULL;
@@ -494,7 +582,8 @@ static PyObject *kpy_stress(PyObject *module, PyObject *args, PyObject *kwds) {
     }
     /* Wait in slices of 50 ms with the GIL released; between them, with the
      * GIL: signal handlers (Ctrl-C in the main thread: stop, then raise),
-     * the cancel object, and interpreter shutdown (cancel). */
+     * the cancel object, interpreter shutdown and Ctrl-C in any thread
+     * (cancel). */
     int failed = 0;
     for (;;) {
         if (PyErr_CheckSignals() < 0) {
@@ -517,6 +606,8 @@ static PyObject *kpy_stress(PyObject *module, PyObject *args, PyObject *kwds) {
             }
         }
         if (interpreter_exiting()) kps_cancel(run);
+        if (sigint_counted && atomic_load_explicit(&sigint_count, memory_order_relaxed) != sigint_seen)
+            kps_cancel(run);          /* Ctrl-C, whichever thread this is */
         int done;
         Py_BEGIN_ALLOW_THREADS
         done = kps_wait(run, 50);
@@ -527,6 +618,7 @@ static PyObject *kpy_stress(PyObject *module, PyObject *args, PyObject *kwds) {
     Py_BEGIN_ALLOW_THREADS
     json = kps_finish(run);
     Py_END_ALLOW_THREADS
+    if (sigint_counted) sigint_run_end();
     if (failed) {  /* the exception from the signal handler or is_set() stays set */
         kps_free_json(json);
         return NULL;
@@ -629,11 +721,15 @@ PyDoc_STRVAR(stress_doc,
 "    50 ms; once it is set the run stops.\n\n"
 "A run that stops early returns what it did: ops counts the operations done\n"
 "(ops_requested what was asked), stopped is True and stop_reason 'duration'\n"
-"or 'cancel' (cancel=, kpool.stress_cancel(), interpreter exit). Raises\n"
-"ValueError for an unknown workload or allocator or a bad size,\n"
+"or 'cancel' (cancel=, kpool.stress_cancel(), Ctrl-C, interpreter exit).\n"
+"Raises ValueError for an unknown workload or allocator or a bad size,\n"
 "kpool.CorruptionError when verification finds damaged blocks and\n"
 "KeyboardInterrupt (after stopping the workers) on Ctrl-C while the calling\n"
-"thread is the main thread.\n\n"
+"thread is the main thread. Ctrl-C stops runs in other threads too (they\n"
+"return with stop_reason 'cancel'), so a main thread leaving\n"
+"`with ThreadPoolExecutor()` on KeyboardInterrupt does not wait for them;\n"
+"this holds while SIGINT has Python's default handler: under a handler of\n"
+"the program's own, SIGINT does not touch runs.\n\n"
 "The defaults differ from the kpool-stress executable's on purpose: this\n"
 "function checks (4 threads, verify on), while kpool-stress, the timing tool\n"
 "that kpool.bench runs, defaults to 1 thread with verify off; pass\n"
