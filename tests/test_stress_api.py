@@ -243,33 +243,56 @@ def test_sigint_ends_a_process_whose_worker_thread_runs_stress(how):
     assert wall < 20, wall
 
 
+# Reads SIGINT's C-level disposition in a child interpreter (glibc x86-64
+# and aarch64 struct sigaction: the handler first, sa_flags after the
+# 128-byte mask).
+SIGACTION_HELPERS = """
+import ctypes, signal, time
+libc = ctypes.CDLL(None, use_errno=True)
+def c_handler():
+    act = ctypes.create_string_buffer(512)
+    assert libc.sigaction(signal.SIGINT, None, act) == 0
+    return ctypes.c_void_p.from_buffer(act).value
+def c_flags():
+    act = ctypes.create_string_buffer(512)
+    assert libc.sigaction(signal.SIGINT, None, act) == 0
+    return ctypes.c_int.from_buffer(act, 8 + 128).value
+def wait_for_a_change(before, seconds=30):
+    t0 = time.monotonic()
+    while c_handler() == before:
+        assert time.monotonic() - t0 < seconds, "kpool's handler never came"
+        time.sleep(0.005)
+"""
+
+
 @pytest.mark.parametrize("caught", [False, True])
 def test_sigint_stops_a_worker_run_inside_with_executor(caught):
     """The common form: `with ThreadPoolExecutor()` around a worker's run.
     KeyboardInterrupt leaves the with block, whose exit joins the worker;
     Ctrl-C has cancelled the run, so the join is prompt. Caught, the
     worker's result says how the run ended."""
-    code = f"""
-        import os, signal, threading, time, kpool
-        from concurrent.futures import ThreadPoolExecutor
-        t0 = time.monotonic()
-        try:
-            with ThreadPoolExecutor(1) as ex:
-                f = ex.submit(kpool.stress, 'mixed', threads=2, ops={4 * LONG})   # a minute or more uncancelled
-                time.sleep(0.3)
-                threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
-                print('waiting', flush=True)
-                f.result()
-            print('not interrupted', flush=True)
-        except KeyboardInterrupt:
-            if not {caught}:
-                raise
-            r = f.result()
-            print('caught', r['stopped'], r['stop_reason'], 0 < r['ops'] < r['ops_requested'],
-                  time.monotonic() - t0 < 20, flush=True)
-        r = kpool.stress('pairs', threads=1, ops=1000)
-        print('next', r['stopped'], r['ops'], flush=True)
-    """
+    code = SIGACTION_HELPERS + f"""
+import os, threading, kpool
+from concurrent.futures import ThreadPoolExecutor
+before = c_handler()
+t0 = time.monotonic()
+try:
+    with ThreadPoolExecutor(1) as ex:
+        f = ex.submit(kpool.stress, 'mixed', threads=2, ops={4 * LONG})   # a minute or more uncancelled
+        wait_for_a_change(before)              # the run is in progress (a loaded machine may be slow to start it)
+        threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT)).start()
+        print('waiting', flush=True)
+        f.result()
+    print('not interrupted', flush=True)
+except KeyboardInterrupt:
+    if not {caught}:
+        raise
+    r = f.result()
+    print('caught', r['stopped'], r['stop_reason'], 0 < r['ops'] < r['ops_requested'],
+          time.monotonic() - t0 < 20, flush=True)
+r = kpool.stress('pairs', threads=1, ops=1000)
+print('next', r['stopped'], r['ops'], flush=True)
+"""
     t0 = time.monotonic()
     proc = run_python(code, timeout=300, expect_rc=0 if caught else None)
     assert time.monotonic() - t0 < 20
@@ -300,30 +323,97 @@ def test_sigint_under_a_handler_of_the_programs_own_leaves_runs_alone():
 def test_the_sigint_handler_is_kpools_only_while_a_run_is_in_progress():
     """The C-level SIGINT handler: Python's before, kpool's during a run (in
     front of Python's), Python's again after the last run ends."""
-    code = f"""
-        import ctypes, signal, threading, time, kpool
-        libc = ctypes.CDLL(None, use_errno=True)
-        def handler():
-            act = ctypes.create_string_buffer(512)     # struct sigaction: the handler is its first field
-            assert libc.sigaction(signal.SIGINT, None, act) == 0
-            return ctypes.c_void_p.from_buffer(act).value
-        before = handler()
-        stop = threading.Event()
-        t = threading.Thread(target=kpool.stress, args=('mixed',), kwargs=dict(threads=1, ops={LONG}, cancel=stop))
-        t.start()
-        during = before
-        for _ in range(200):
-            during = handler()
-            if during != before:
-                break
-            time.sleep(0.01)
-        stop.set()
-        t.join()
-        after = handler()
-        print(during != before, after == before, signal.getsignal(signal.SIGINT) is signal.default_int_handler)
-    """
+    code = SIGACTION_HELPERS + f"""
+import threading, kpool
+before = c_handler()
+stop = threading.Event()
+t = threading.Thread(target=kpool.stress, args=('mixed',), kwargs=dict(threads=1, ops={LONG}, cancel=stop))
+t.start()
+wait_for_a_change(before)
+during = c_handler()
+stop.set()
+t.join()
+print(during != before, c_handler() == before, signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+"""
     proc = run_python(code, timeout=120)
     assert proc.stdout.split() == ["True", "True", "True"], (proc.stdout, proc.stderr)
+
+
+def test_sigint_reaches_a_run_started_after_python_put_its_handler_back():
+    """A run in progress; the program sets a handler of its own and then
+    Python's default again (asyncio.run does the like): kpool's handler is
+    gone, and a run started after that must put it back in front."""
+    code = SIGACTION_HELPERS + f"""
+import os, threading, kpool
+python_c = c_handler()
+stop_a = threading.Event()
+a = threading.Thread(target=kpool.stress, args=('mixed',), kwargs=dict(threads=1, ops={LONG}, cancel=stop_a))
+a.start()
+wait_for_a_change(python_c)
+signal.signal(signal.SIGINT, lambda *args: None)
+signal.signal(signal.SIGINT, signal.default_int_handler)
+assert c_handler() == python_c
+results = []
+b = threading.Thread(target=lambda: results.append(kpool.stress('mixed', threads=1, ops={LONG}, duration=60)))
+b.start()
+wait_for_a_change(python_c)
+try:
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(5)
+except KeyboardInterrupt:
+    pass
+b.join(30)
+stop_a.set()
+a.join()
+print(not b.is_alive() and results[0]['stop_reason'], c_handler() == python_c)
+"""
+    proc = run_python(code, timeout=120)
+    assert proc.stdout.split() == ["cancel", "True"], (proc.stdout, proc.stderr)
+
+
+def test_a_child_forked_during_a_run_gets_pythons_handler_back():
+    code = SIGACTION_HELPERS + f"""
+import os, threading, kpool
+python_c = c_handler()
+stop = threading.Event()
+t = threading.Thread(target=kpool.stress, args=('mixed',), kwargs=dict(threads=1, ops={LONG}, cancel=stop))
+t.start()
+wait_for_a_change(python_c)
+pid = os.fork()
+if pid == 0:
+    os._exit(0 if c_handler() == python_c else 1)
+_, status = os.waitpid(pid, 0)
+stop.set()
+t.join()
+print(os.waitstatus_to_exitcode(status), c_handler() == python_c)
+"""
+    proc = run_python(code, timeout=120)
+    assert proc.stdout.split()[-2:] == ["0", "True"], (proc.stdout, proc.stderr)
+
+
+@pytest.mark.parametrize("restart", [False, True])
+def test_kpools_handler_keeps_sa_restart(restart):
+    """signal.siginterrupt() before a run (and during it) decides whether
+    system calls interrupted by SIGINT restart; kpool's handler in front
+    keeps that, and gives it back."""
+    code = SIGACTION_HELPERS + f"""
+import threading, kpool
+SA_RESTART = 0x10000000
+signal.siginterrupt(signal.SIGINT, not {restart})
+python_c = c_handler()
+flags_before = c_flags() & SA_RESTART
+stop = threading.Event()
+t = threading.Thread(target=kpool.stress, args=('mixed',), kwargs=dict(threads=1, ops={LONG}, cancel=stop))
+t.start()
+wait_for_a_change(python_c)
+flags_during = c_flags() & SA_RESTART
+signal.siginterrupt(signal.SIGINT, {restart})      # flipped during the run
+stop.set()
+t.join()
+print(bool(flags_before), bool(flags_during), bool(c_flags() & SA_RESTART), c_handler() == python_c)
+"""
+    proc = run_python(code, timeout=120)
+    assert proc.stdout.split() == [str(restart), str(restart), str(not restart), "True"], (proc.stdout, proc.stderr)
 
 
 def test_stress_cancel_with_nothing_running():

@@ -402,21 +402,43 @@ static int interpreter_exiting(void) {
  * still raises KeyboardInterrupt in the main thread; every run's wait loop
  * sees the count move within 50 ms and cancels its run. A run reads the
  * count before it installs the handler, so no SIGINT from then on is
- * missed. The last run to end puts the old handler back, unless something
- * has replaced kpool's since (then that one stays). The disposition is the
- * process's, so this state is process-wide, not per module; sigint_lock
- * guards it, and `sigint_prev` is written before the handler that reads it
- * is installed. */
+ * missed.
+ * Whose handler: kpool chains only to the C handler it found at its first
+ * install (Python's), and installs only over that one (or finds its own
+ * there): a handler some other C code put in front meanwhile, which would
+ * chain back to kpool's, is left alone and the feature is off for that
+ * run. kpool's handler takes the replaced one's SA_RESTART, SA_ONSTACK,
+ * SA_NODEFER and mask; the last run to end puts the replaced handler back
+ * (with the SA_RESTART that signal.siginterrupt may have set on kpool's
+ * meanwhile), unless something has replaced kpool's since. A forked child
+ * has no runs: it puts the replaced handler back at once.
+ * The disposition is the process's, so this state is process-wide, not
+ * per module; sigint_lock guards it (and is held across fork), and
+ * `sigint_prev` is written before the handler that reads it is installed.
+ * Without the GIL, a signal.signal() racing a run's start or end could be
+ * undone; with the GIL both hold it. */
 static pthread_mutex_t sigint_lock = PTHREAD_MUTEX_INITIALIZER;
-static unsigned sigint_runs;          /* runs that installed (or kept) the handler */
-static int sigint_installed;
+static pthread_once_t sigint_atfork_once = PTHREAD_ONCE_INIT;
+static unsigned sigint_runs;          /* runs in progress with kpool's handler in front */
+static int sigint_have_prev;          /* sigint_prev holds the handler kpool chains to */
 static struct sigaction sigint_prev;
 static atomic_uint sigint_count;      /* SIGINTs kpool's handler has seen */
+
+static void sigint_cancel_runs(int sig, siginfo_t *info, void *ctx);
+
+static void *sigint_handler_of(const struct sigaction *sa) {
+    return (sa->sa_flags & SA_SIGINFO) ? (void *)sa->sa_sigaction : (void *)sa->sa_handler;
+}
+static int sigint_is_kpools(const struct sigaction *sa) {
+    return (sa->sa_flags & SA_SIGINFO) && sa->sa_sigaction == sigint_cancel_runs;
+}
 
 static void sigint_cancel_runs(int sig, siginfo_t *info, void *ctx) {
     int saved_errno = errno;
     atomic_fetch_add_explicit(&sigint_count, 1, memory_order_relaxed);
-    if (sigint_prev.sa_flags & SA_SIGINFO) {
+    if (sigint_is_kpools(&sigint_prev)) {
+        /* never: kpool does not chain to itself */
+    } else if (sigint_prev.sa_flags & SA_SIGINFO) {
         sigint_prev.sa_sigaction(sig, info, ctx);
     } else if (sigint_prev.sa_handler == SIG_DFL) {
         signal(sig, SIG_DFL);         /* not reached while Python's handler was there; be the default */
@@ -425,6 +447,27 @@ static void sigint_cancel_runs(int sig, siginfo_t *info, void *ctx) {
         sigint_prev.sa_handler(sig);
     }
     errno = saved_errno;
+}
+
+/* Put the replaced handler back if kpool's is in front. REQUIRES sigint_lock
+ * (or a forked child's only thread). */
+static void sigint_restore_locked(void) {
+    struct sigaction now;
+    if (sigaction(SIGINT, NULL, &now) != 0 || !sigint_is_kpools(&now)) return;
+    struct sigaction back = sigint_prev;
+    back.sa_flags = (back.sa_flags & ~SA_RESTART) | (now.sa_flags & SA_RESTART);
+    (void)sigaction(SIGINT, &back, NULL);
+}
+
+static void sigint_atfork_prepare(void) { pthread_mutex_lock(&sigint_lock); }
+static void sigint_atfork_parent(void) { pthread_mutex_unlock(&sigint_lock); }
+static void sigint_atfork_child(void) {
+    sigint_runs = 0;                  /* the runs' threads are not in the child */
+    sigint_restore_locked();
+    pthread_mutex_unlock(&sigint_lock);
+}
+static void sigint_register_atfork(void) {
+    (void)pthread_atfork(sigint_atfork_prepare, sigint_atfork_parent, sigint_atfork_child);
 }
 
 /* 1 if SIGINT has Python's default handler, 0 if not; -1 + exception. */
@@ -447,17 +490,24 @@ static int sigint_run_begin(unsigned *seen) {
     *seen = atomic_load_explicit(&sigint_count, memory_order_relaxed);
     int dflt = sigint_is_python_default();
     if (dflt <= 0) return dflt;
+    (void)pthread_once(&sigint_atfork_once, sigint_register_atfork);
     pthread_mutex_lock(&sigint_lock);
-    if (!sigint_installed) {
-        struct sigaction mine;
-        memset(&mine, 0, sizeof mine);
-        mine.sa_sigaction = sigint_cancel_runs;
-        mine.sa_flags = SA_SIGINFO | SA_ONSTACK;
-        sigemptyset(&mine.sa_mask);
-        if (sigaction(SIGINT, NULL, &sigint_prev) == 0 && sigaction(SIGINT, &mine, NULL) == 0)
-            sigint_installed = 1;
+    struct sigaction now;
+    int counted = 0;
+    if (sigaction(SIGINT, NULL, &now) == 0) {
+        if (sigint_is_kpools(&now)) {
+            counted = 1;
+        } else if (!sigint_have_prev || sigint_handler_of(&now) == sigint_handler_of(&sigint_prev)) {
+            struct sigaction mine;
+            memset(&mine, 0, sizeof mine);
+            mine.sa_sigaction = sigint_cancel_runs;
+            mine.sa_flags = SA_SIGINFO | (now.sa_flags & (SA_RESTART | SA_ONSTACK | SA_NODEFER));
+            mine.sa_mask = now.sa_mask;
+            sigint_prev = now;        /* before the handler that reads it is installed */
+            sigint_have_prev = 1;
+            counted = sigaction(SIGINT, &mine, NULL) == 0;
+        }
     }
-    int counted = sigint_installed;
     if (counted) sigint_runs++;
     pthread_mutex_unlock(&sigint_lock);
     return counted;
@@ -465,13 +515,7 @@ static int sigint_run_begin(unsigned *seen) {
 
 static void sigint_run_end(void) {
     pthread_mutex_lock(&sigint_lock);
-    if (--sigint_runs == 0) {
-        struct sigaction now;
-        if (sigaction(SIGINT, NULL, &now) == 0 && (now.sa_flags & SA_SIGINFO) &&
-            now.sa_sigaction == sigint_cancel_runs)
-            (void)sigaction(SIGINT, &sigint_prev, NULL);
-        sigint_installed = 0;
-    }
+    if (sigint_runs > 0 && --sigint_runs == 0) sigint_restore_locked();
     pthread_mutex_unlock(&sigint_lock);
 }
 
