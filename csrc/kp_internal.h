@@ -124,8 +124,8 @@ static inline void _kp_mark_free(void *obj) {
     ((uintptr_t *)obj)[1] = _kp_free_mark;
     KP_VG_QUIET_END();
 }
-/* Clears the link as well as the mark: a handed-out block shows no encoded
- * link to an uninitialised read, and one 16-byte store measured cheaper
+/* Clears the link as well as the mark: a handed-out block does not show its
+ * own encoded link to an uninitialised read, and one 16-byte store measured cheaper
  * than the 8-byte store of the mark alone (random workload, 1 thread: the
  * hardening cost 19% with the 8-byte store, 5% with this; REPORT run 8). */
 static inline void _kp_mark_live(void *obj) {

@@ -35,9 +35,10 @@
  * The two hardening measures above cost one load and two stores per
  * alloc/free pair; a build with -DKP_HARDEN=0 leaves them out (then only a
  * small block freed twice in a row by one thread is caught). With them, a
- * small block kp_malloc hands out has its first 16 bytes cleared (its link
- * and mark: an uninitialised read shows no heap address); kp_calloc is
- * still the call that promises zeroed memory.
+ * small block kp_malloc hands out has its first 16 bytes cleared (its own
+ * free-list link and mark; the rest of it may still hold what earlier
+ * blocks at that address held); kp_calloc is the call that promises zeroed
+ * memory.
  * Only a KP_DEBUG build also detects, for small blocks (256 KiB or less): a
  * pointer inside a block, a slot of a span that was never handed out, and
  * kp_free_sized with a size larger than the block. A release build accepts

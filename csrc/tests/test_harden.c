@@ -107,8 +107,8 @@ static void test_pool_link_damage_is_caught(void) {
     kp_pool_destroy(pool);
 }
 
-/* A block handed out shows neither its free-list link nor its free mark:
- * an uninitialised read of a new block learns no heap address (kpool.h). */
+/* A block handed out shows neither its own free-list link nor its free
+ * mark (kpool.h). */
 static void test_handed_out_block_shows_no_link_or_mark(void) {
     uintptr_t *a = kp_malloc(48), *b = kp_malloc(48);
     kp_free(b);

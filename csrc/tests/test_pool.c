@@ -422,6 +422,27 @@ static void test_big_blocks_take_the_fast_path(void) {
     }
 }
 
+/* A block handed out shows neither its encoded link nor its free marker
+ * (the link's key is the heap's: an uninitialised read must not show it),
+ * unbounded (a thread cache) and bounded (the shared stack). */
+static void test_handed_out_block_shows_no_link(void) {
+    for (int bounded = 0; bounded < 2; bounded++) {
+        kp_pool *pool = kp_pool_create(64, 0, bounded ? 8 : 0);
+        CHECK(pool != NULL);
+        uintptr_t *a = kp_pool_alloc(pool), *b = kp_pool_alloc(pool), *c = kp_pool_alloc(pool);
+        kp_pool_free(pool, c);
+        kp_pool_free(pool, b);
+        kp_pool_free(pool, a);
+        for (int i = 0; i < 3; i++) {
+            uintptr_t *p = kp_pool_alloc(pool);
+            CHECK(p == a || p == b || p == c);
+            CHECK_EQ(p[0], 0);
+            CHECK_EQ(p[1], 0);
+        }
+        kp_pool_destroy(pool);
+    }
+}
+
 int main(void) {
     _kp_init();
     RUN(test_bad_arguments_are_einval);
@@ -436,5 +457,6 @@ int main(void) {
     RUN(test_trim_and_destroy_give_memory_back);
     RUN(test_destroyed_pool_caches_are_not_reused);
     RUN(test_big_blocks_take_the_fast_path);
+    RUN(test_handed_out_block_shows_no_link);
     return DONE();
 }
