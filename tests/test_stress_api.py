@@ -262,7 +262,17 @@ def wait_for_a_change(before, seconds=30):
     while c_handler() == before:
         assert time.monotonic() - t0 < seconds, "kpool's handler never came"
         time.sleep(0.005)
-"""
+import threading, kpool
+python_c = c_handler()
+def run_in_a_thread():
+    # a long kpool.stress() run in a thread, once kpool's handler is in
+    # front: (the Event that stops it, the thread)
+    stop = threading.Event()
+    t = threading.Thread(target=kpool.stress, args=('mixed',), kwargs=dict(threads=1, ops=%d, cancel=stop))
+    t.start()
+    wait_for_a_change(python_c)
+    return stop, t
+""" % LONG
 
 
 @pytest.mark.parametrize("caught", [False, True])
@@ -272,14 +282,13 @@ def test_sigint_stops_a_worker_run_inside_with_executor(caught):
     Ctrl-C has cancelled the run, so the join is prompt. Caught, the
     worker's result says how the run ended."""
     code = SIGACTION_HELPERS + f"""
-import os, threading, kpool
+import os
 from concurrent.futures import ThreadPoolExecutor
-before = c_handler()
 t0 = time.monotonic()
 try:
     with ThreadPoolExecutor(1) as ex:
         f = ex.submit(kpool.stress, 'mixed', threads=2, ops={4 * LONG})   # a minute or more uncancelled
-        wait_for_a_change(before)              # the run is in progress (a loaded machine may be slow to start it)
+        wait_for_a_change(python_c)            # the run is in progress (a loaded machine may be slow to start it)
         threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT)).start()
         print('waiting', flush=True)
         f.result()
@@ -324,16 +333,11 @@ def test_the_sigint_handler_is_kpools_only_while_a_run_is_in_progress():
     """The C-level SIGINT handler: Python's before, kpool's during a run (in
     front of Python's), Python's again after the last run ends."""
     code = SIGACTION_HELPERS + f"""
-import threading, kpool
-before = c_handler()
-stop = threading.Event()
-t = threading.Thread(target=kpool.stress, args=('mixed',), kwargs=dict(threads=1, ops={LONG}, cancel=stop))
-t.start()
-wait_for_a_change(before)
+stop, t = run_in_a_thread()
 during = c_handler()
 stop.set()
 t.join()
-print(during != before, c_handler() == before, signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+print(during != python_c, c_handler() == python_c, signal.getsignal(signal.SIGINT) is signal.default_int_handler)
 """
     proc = run_python(code, timeout=120)
     assert proc.stdout.split() == ["True", "True", "True"], (proc.stdout, proc.stderr)
@@ -344,12 +348,8 @@ def test_sigint_reaches_a_run_started_after_python_put_its_handler_back():
     Python's default again (asyncio.run does the like): kpool's handler is
     gone, and a run started after that must put it back in front."""
     code = SIGACTION_HELPERS + f"""
-import os, threading, kpool
-python_c = c_handler()
-stop_a = threading.Event()
-a = threading.Thread(target=kpool.stress, args=('mixed',), kwargs=dict(threads=1, ops={LONG}, cancel=stop_a))
-a.start()
-wait_for_a_change(python_c)
+import os
+stop_a, a = run_in_a_thread()
 signal.signal(signal.SIGINT, lambda *args: None)
 signal.signal(signal.SIGINT, signal.default_int_handler)
 assert c_handler() == python_c
@@ -373,12 +373,8 @@ print(not b.is_alive() and results[0]['stop_reason'], c_handler() == python_c)
 
 def test_a_child_forked_during_a_run_gets_pythons_handler_back():
     code = SIGACTION_HELPERS + f"""
-import os, threading, kpool
-python_c = c_handler()
-stop = threading.Event()
-t = threading.Thread(target=kpool.stress, args=('mixed',), kwargs=dict(threads=1, ops={LONG}, cancel=stop))
-t.start()
-wait_for_a_change(python_c)
+import os
+stop, t = run_in_a_thread()
 pid = os.fork()
 if pid == 0:
     os._exit(0 if c_handler() == python_c else 1)
@@ -397,15 +393,10 @@ def test_kpools_handler_keeps_sa_restart(restart):
     system calls interrupted by SIGINT restart; kpool's handler in front
     keeps that, and gives it back."""
     code = SIGACTION_HELPERS + f"""
-import threading, kpool
 SA_RESTART = 0x10000000
 signal.siginterrupt(signal.SIGINT, not {restart})
-python_c = c_handler()
 flags_before = c_flags() & SA_RESTART
-stop = threading.Event()
-t = threading.Thread(target=kpool.stress, args=('mixed',), kwargs=dict(threads=1, ops={LONG}, cancel=stop))
-t.start()
-wait_for_a_change(python_c)
+stop, t = run_in_a_thread()
 flags_during = c_flags() & SA_RESTART
 signal.siginterrupt(signal.SIGINT, {restart})      # flipped during the run
 stop.set()
