@@ -180,8 +180,9 @@ KP_API size_t kp_trim(void);
  * block_size: 1 .. KP_POOL_MAX_BLOCK; align: 0 (means 16) or a power of two
  * up to KP_POOL_MAX_ALIGN; capacity: the most blocks live at once, exact
  * across threads, 0 for unbounded. Unbounded pools keep a per-thread cache
- * (no lock, no atomic on the fast path); bounded pools share one lock-free
- * stack so that the capacity is exact.
+ * (no lock, no atomic on the fast path) and move batches between threads
+ * through a lock-free shared stack; bounded pools keep one free list under
+ * the pool's lock so that the capacity is exact.
  * kp_pool_destroy gives back all of the pool's memory, including blocks still
  * live (they become invalid) and blocks cached by threads that exited. In a
  * KP_DEBUG build destroying a pool with live blocks reaches the error handler.
