@@ -91,8 +91,9 @@ static inline size_t _kp_align_up(size_t x, size_t a) { return (x + a - 1) & ~(a
  * sees (a link that is not 16-byte aligned) instead of handing out an
  * address an attacker chose. With KP_HARDEN_MARKS a free checks the mark
  * (a double free, however long after the first free) and sets it; a
- * handed-out block has it (and its link) cleared. Only a program that stores that random
- * value in word 1 of a live block would be taken for a double free. */
+ * handed-out block has it (and its link) cleared. Only a program that
+ * stores that random value in word 1 of a live block would be taken for a
+ * double free. */
 KP_INTERNAL extern uintptr_t _kp_link_key, _kp_free_mark;   /* written once, in init */
 
 /* Under valgrind (KP_VALGRIND=1) a free block is inaccessible to memcheck:
@@ -124,10 +125,11 @@ static inline void _kp_mark_free(void *obj) {
     ((uintptr_t *)obj)[1] = _kp_free_mark;
     KP_VG_QUIET_END();
 }
-/* Clears the link as well as the mark: a handed-out block does not show its
- * own encoded link to an uninitialised read, and one 16-byte store measured cheaper
- * than the 8-byte store of the mark alone (random workload, 1 thread: the
- * hardening cost 19% with the 8-byte store, 5% with this; REPORT run 8). */
+/* Clears the link as well as the mark: a handed-out block does not show
+ * its own encoded link to an uninitialised read, and the one 16-byte store
+ * gcc makes of the two measured cheaper than the 8-byte store of the mark
+ * alone (random workload, 1 thread: the hardening cost 19% with the 8-byte
+ * store, 5% with this; benchmarks/REPORT.md run 8). */
 static inline void _kp_mark_live(void *obj) {
     if (!KP_HARDEN_MARKS) return;
     KP_VG_QUIET_BEGIN();
