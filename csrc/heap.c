@@ -92,7 +92,7 @@ static int debug_mark(void *p, int alloc, const char *call) {
  * could not be made). */
 static void *uncached_alloc(unsigned cls, size_t size) {
     void *head;
-    if (_kp_central_fetch(cls, 1, &head) == 0) return NULL;
+    if (_kp_central_fetch(cls, 1, 1, &head) == 0) return NULL;
     _kp_tcache_count_uncached(cls, 1, 1, size);
     return head;
 }

@@ -270,9 +270,10 @@ KP_INTERNAL int _kp_sizeclass_is_valid(void);
 
 /* ---- central.c --------------------------------------------------------------- */
 KP_INTERNAL kp_central *_kp_central(unsigned cls);
-/* Up to n objects of cls as a NULL-terminated list through their first
- * word; returns the count (0 + ENOMEM when no span could be had). */
-KP_INTERNAL unsigned _kp_central_fetch(unsigned cls, unsigned n, void **head);
+/* Objects of cls as a NULL-terminated list through their first word:
+ * up to n taken one by one, or more (up to room >= n) where a span's whole
+ * free list fits; returns the count (0 + ENOMEM when no span could be had). */
+KP_INTERNAL unsigned _kp_central_fetch(unsigned cls, unsigned n, unsigned room, void **head);
 /* Give back a NULL-terminated list of n objects of class cls. */
 KP_INTERNAL void _kp_central_return(unsigned cls, void *head, unsigned n);
 /* Empty the transfer slots into the spans (kp_trim). */

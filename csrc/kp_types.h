@@ -88,12 +88,15 @@ _Static_assert(KP_SMALL_MAX % KP_COARSE_STEP == 0, "coarse lookup covers the sma
 /* Free, unreleased page-heap bytes kept before release: in-use bytes / DIV,
  * within [MIN, MAX]. A fixed 16 MiB cost the json round trip 148k page
  * faults (tcmalloc 91k) and a small program (ast of 400 files) 1.8 MB of
- * peak RSS; this rule: 115k faults, -1.8 MB (benchmarks/REPORT.md run 7). */
+ * peak RSS; this rule: 115k faults, -1.8 MB (benchmarks/REPORT.md run 7).
+ * MIN 8 MiB rather than 4: that ast run faulted 17.9k pages in (mimalloc
+ * 6.5k) by giving back and faulting in again the pages of each file's tree;
+ * 8 MiB: 9.8k faults, 4% less time, +0.8 MB peak RSS (REPORT.md run 9). */
 #ifndef KP_RETAIN_DIV
 #define KP_RETAIN_DIV 4
 #endif
 #ifndef KP_RETAIN_MIN
-#define KP_RETAIN_MIN ((size_t)4 << 20)
+#define KP_RETAIN_MIN ((size_t)8 << 20)
 #endif
 #define KP_RETAIN_MAX ((size_t)256 << 20)
 #ifndef KP_DECAY_MS

@@ -201,7 +201,8 @@ void *_kp_tcache_refill(kp_tcache *tc, unsigned cls) {
     if (l->max + 1 < want && !grow(tc, cls)) want = l->max + 1;
     if (want > l->max + 1) want = l->max + 1;
     void *head;
-    unsigned got = _kp_central_fetch(cls, want, &head);
+    /* the list may hold max after this pop: whole span lists fill it */
+    unsigned got = _kp_central_fetch(cls, want, l->max + 1, &head);
     if (got == 0) return NULL;
     KP_BUMP(tc->moves[cls].fetched, got);
     KP_STAT_BUMP(tc->counters.tcache_misses, 1);

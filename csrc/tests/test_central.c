@@ -12,7 +12,7 @@ static unsigned chain_length(void *head) {
 static void test_fetch_and_return_batches(void) {
     unsigned cls = _kp_size_class(64);
     void *head;
-    unsigned got = _kp_central_fetch(cls, 32, &head);
+    unsigned got = _kp_central_fetch(cls, 32, 32, &head);
     CHECK_EQ(got, 32);
     CHECK_EQ(chain_length(head), 32);
     CHECK(_kp_central_is_valid(cls));
@@ -23,7 +23,7 @@ static void test_fetch_and_return_batches(void) {
     CHECK_EQ(KP_LOAD(_kp_central(cls)->free_objects), free_before + 32);
     CHECK(_kp_central_is_valid(cls));
     void *again;
-    CHECK_EQ(_kp_central_fetch(cls, 32, &again), 32);
+    CHECK_EQ(_kp_central_fetch(cls, 32, 32, &again), 32);
     CHECK(again == head);                   /* handed on whole, in O(1) */
     _kp_central_return(cls, again, 32);
     _kp_central_drain(cls);
@@ -40,7 +40,8 @@ static void test_empty_spans_go_back(void) {
     void *all = NULL;
     unsigned total = 0;
     while (total < want) {
-        unsigned got = _kp_central_fetch(cls, want - total > 32 ? 32 : want - total, &head);
+        unsigned n = want - total > 32 ? 32 : want - total;
+        unsigned got = _kp_central_fetch(cls, n, n, &head);
         CHECK(got > 0);
         if (!got) break;
         void *tail = head;
@@ -57,10 +58,40 @@ static void test_empty_spans_go_back(void) {
     CHECK(_kp_pageheap_is_valid());
 }
 
+/* A span's free list longer than n but within room comes whole (its links
+ * are not read); with room == n only n come. */
+static void test_a_span_list_that_fits_the_room_comes_whole(void) {
+    unsigned cls = _kp_size_class(240);
+    const unsigned cap = _kp_classes[cls].objects;
+    CHECK(cap > 20 && cap != _kp_classes[cls].batch);
+    void *head;
+    CHECK_EQ(_kp_central_fetch(cls, cap, cap, &head), cap);   /* one fresh span, every slot */
+    void *rest = head;                                         /* give the first 20 back */
+    for (unsigned i = 1; i < 20; i++) rest = _kp_next(rest);
+    void *kept = _kp_next(rest);
+    _kp_set_next(rest, NULL);
+    _kp_central_return(cls, head, 20);
+    CHECK(_kp_central_is_valid(cls));
+    void *got_head;
+    unsigned got = _kp_central_fetch(cls, 8, 32, &got_head);
+    CHECK_EQ(got, 20);
+    CHECK_EQ(chain_length(got_head), 20);
+    CHECK(_kp_central_is_valid(cls));
+    _kp_central_return(cls, got_head, got);
+    got = _kp_central_fetch(cls, 8, 8, &got_head);
+    CHECK_EQ(got, 8);
+    CHECK_EQ(chain_length(got_head), 8);
+    CHECK(_kp_central_is_valid(cls));
+    _kp_central_return(cls, got_head, got);
+    _kp_central_return(cls, kept, cap - 20);
+    CHECK(_kp_central_is_valid(cls));
+    CHECK(_kp_pageheap_is_valid());
+}
+
 static void test_objects_are_distinct_and_in_bounds(void) {
     unsigned cls = _kp_size_class(48);
     void *head;
-    unsigned got = _kp_central_fetch(cls, 32, &head);
+    unsigned got = _kp_central_fetch(cls, 32, 32, &head);
     void *seen[32];
     unsigned n = 0;
     for (void *p = head; p; p = _kp_next(p)) seen[n++] = p;
@@ -78,5 +109,6 @@ int main(void) {
     RUN(test_fetch_and_return_batches);
     RUN(test_empty_spans_go_back);
     RUN(test_objects_are_distinct_and_in_bounds);
+    RUN(test_a_span_list_that_fits_the_room_comes_whole);
     return DONE();
 }
