@@ -249,14 +249,14 @@ def test_sigint_ends_a_process_whose_worker_thread_runs_stress(how):
 SIGACTION_HELPERS = """
 import ctypes, signal, time
 libc = ctypes.CDLL(None, use_errno=True)
+def c_sigaction():
+    act = ctypes.create_string_buffer(512)
+    assert libc.sigaction(signal.SIGINT, None, act) == 0
+    return act
 def c_handler():
-    act = ctypes.create_string_buffer(512)
-    assert libc.sigaction(signal.SIGINT, None, act) == 0
-    return ctypes.c_void_p.from_buffer(act).value
+    return ctypes.c_void_p.from_buffer(c_sigaction()).value
 def c_flags():
-    act = ctypes.create_string_buffer(512)
-    assert libc.sigaction(signal.SIGINT, None, act) == 0
-    return ctypes.c_int.from_buffer(act, 8 + 128).value
+    return ctypes.c_int.from_buffer(c_sigaction(), 8 + 128).value
 def wait_for_a_change(before, seconds=30):
     t0 = time.monotonic()
     while c_handler() == before:

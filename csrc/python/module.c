@@ -436,9 +436,8 @@ static int sigint_is_kpools(const struct sigaction *sa) {
 static void sigint_cancel_runs(int sig, siginfo_t *info, void *ctx) {
     int saved_errno = errno;
     atomic_fetch_add_explicit(&sigint_count, 1, memory_order_relaxed);
-    if (sigint_is_kpools(&sigint_prev)) {
-        /* never: kpool does not chain to itself */
-    } else if (sigint_prev.sa_flags & SA_SIGINFO) {
+    /* sigint_prev is never kpool's own handler (sigint_run_begin) */
+    if (sigint_prev.sa_flags & SA_SIGINFO) {
         sigint_prev.sa_sigaction(sig, info, ctx);
     } else if (sigint_prev.sa_handler == SIG_DFL) {
         signal(sig, SIG_DFL);         /* not reached while Python's handler was there; be the default */
