@@ -307,7 +307,7 @@ static inline __attribute__((always_inline)) void *malloc_any(size_t size) {
     return large_alloc(size, KP_MIN_ALIGN, NULL);
 }
 
-void *kp_malloc(size_t size) { return VG_ALLOCED(malloc_any(size)); }
+KP_HOT void *kp_malloc(size_t size) { return VG_ALLOCED(malloc_any(size)); }
 
 void *kp_calloc(size_t count, size_t size) {
     size_t total;
@@ -339,7 +339,7 @@ static __attribute__((noinline)) void free_not_flat(void *p, int sized, size_t s
     errno = saved_errno;
 }
 
-void kp_free(void *p) {
+KP_HOT void kp_free(void *p) {
     KP_VG(vg_free(p));
     unsigned cls = _kp_pagemap_class_flat(p);
     if (KP_LIKELY(small_class_ok(cls))) {
@@ -349,7 +349,7 @@ void kp_free(void *p) {
     free_not_flat(p, 0, 0, "kp_free");
 }
 
-void kp_free_sized(void *p, size_t size) {
+KP_HOT void kp_free_sized(void *p, size_t size) {
     /* The class byte is read anyway: it costs one load and makes a wrong
      * size (or a block from kp_aligned_alloc) harmless to the heap; only the
      * requested-bytes figure would be off, and a KP_DEBUG build reports it. */

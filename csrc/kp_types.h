@@ -49,6 +49,10 @@
 #define KP_UNLIKELY(x) __builtin_expect(!!(x), 0)
 #define KP_INTERNAL __attribute__((visibility("hidden")))
 #define KP_CACHELINE 64
+/* The fast paths start a cache line: where they fell in a line moved the
+ * pairs workload by 3-8% between builds whose code was otherwise the same
+ * (benchmarks/REPORT.md run 10), which hid the effect of real changes. */
+#define KP_HOT __attribute__((aligned(KP_CACHELINE)))
 
 /* ---- pages and classes -------------------------------------------------- */
 #define KP_PAGE_SHIFT 13                       /* kpool pages are 8 KiB */
@@ -134,9 +138,23 @@ _Static_assert(KP_RECENT_MAX_PAGES * KP_PAGE_SIZE <= KP_RECENT_BYTES, "a kept sp
 #define KP_TCACHE_TOTAL_BYTES ((size_t)32 << 20)
 #endif
 _Static_assert(KP_TCACHE_MIN_BYTES <= KP_TCACHE_MAX_BYTES, "a thread's budget range is not empty");
-#ifndef KP_TCACHE_MAX_BATCHES
-#define KP_TCACHE_MAX_BATCHES 4                /* a list holds at most this many batches */
+/* A list's max grows on its overflows (frees) up to KP_TCACHE_FREE_BATCHES
+ * batches; past that only a refill grows it, by what the list gave back
+ * since its last refill, up to KP_TCACHE_MAX_BATCHES (tcache.c). A thread
+ * that only frees a class (a consumer) or only allocates it (a producer)
+ * keeps a few batches: lists grown on every overflow, or on every refill,
+ * made prodcons at 2 threads 1.08-1.29x slower. A thread that frees many
+ * blocks and then allocates them again (CPython dropping one tree and
+ * building the next) keeps them in its list, out of the central lists and
+ * the spans: an ast.parse run of 150 files made 31k central fetches, not
+ * 45k, and executed 0.8% fewer instructions (benchmarks/REPORT.md run 10). */
+#ifndef KP_TCACHE_FREE_BATCHES
+#define KP_TCACHE_FREE_BATCHES 4
 #endif
+#ifndef KP_TCACHE_MAX_BATCHES
+#define KP_TCACHE_MAX_BATCHES 64
+#endif
+_Static_assert(KP_TCACHE_FREE_BATCHES <= KP_TCACHE_MAX_BATCHES, "frees grow a list no further than refills");
 #define KP_BATCH_MAX 32
 #define KP_STEAL_TRIES 4                       /* lists a full budget looks at per grow */
 #define KP_POOL_SLOTS 64                       /* pools with a per-thread cache at once */
@@ -215,6 +233,7 @@ typedef struct kp_class_info {
     uint32_t objects;     /* objects per span */
     uint32_t batch;       /* objects moved per tcache refill or flush */
     uint32_t tcache_max;  /* longest thread list before a flush */
+    uint32_t tcache_free_max; /* ... as far as frees alone grow it (tcache.c) */
     uint32_t transfer_slots; /* whole batches the central list keeps (central.c) */
     uint64_t recip;       /* ceil(2^32 / size): offset -> index without division */
 } kp_class_info;
@@ -258,6 +277,7 @@ typedef struct kp_tmoves {          /* objects moved by the slow paths */
     _Atomic uint64_t fetched;       /* central -> this list */
     _Atomic uint64_t returned;      /* this list -> central */
     _Atomic uint64_t unsized_frees; /* frees that did not tell the request size */
+    uint32_t spilled;               /* given back by overflows since the last refill (owner only) */
 } kp_tmoves;
 
 typedef struct kp_pool_cache {      /* a thread's cache of one unbounded pool */

@@ -40,6 +40,7 @@ static void describe(unsigned cls, size_t size) {
     c->objects = (uint32_t)objects;
     c->batch = (uint32_t)batch;
     c->tcache_max = (uint32_t)(batch * KP_TCACHE_MAX_BATCHES);
+    c->tcache_free_max = (uint32_t)(batch * KP_TCACHE_FREE_BATCHES);
     size_t slots = KP_TRANSFER_BYTES / (batch * size);
     c->transfer_slots = (uint32_t)(slots > KP_TRANSFER_SLOTS ? KP_TRANSFER_SLOTS : slots);
     c->recip = (((uint64_t)1 << 32) + size - 1) / size;

@@ -6,8 +6,12 @@
  * max gives one batch back. A list's max starts at 0 and doubles per refill
  * up to one batch (slow start: a class a thread touches once does not make
  * a whole batch resident: 1.4 MB of peak RSS in a Python ast run), then
- * grows a batch at a time. The byte cap is a budget of list lengths: a list
- * grows its max (up to its class's tcache_max) while sum(max * size) stays
+ * grows a batch per overflow up to its class's tcache_free_max. Past that
+ * only a refill grows it, by what it gave back since its last refill, up to
+ * tcache_max: a thread that allocates again what it freed keeps it in its
+ * list, out of the central lists' way, and a thread that only frees (or
+ * only allocates) a class keeps a few batches. The byte cap is a budget of
+ * list lengths: a list grows its max while sum(max * size) stays
  * within the thread's budget, else it takes budget from larger lists, a few
  * per call in round-robin order, which give back what no longer fits. The
  * budget is an even share of KP_TCACHE_TOTAL_BYTES among live caches, within
@@ -164,18 +168,16 @@ size_t _kp_tcache_budget_cap(void) {
     return share > KP_TCACHE_MAX_BYTES ? KP_TCACHE_MAX_BYTES : share < KP_TCACHE_MIN_BYTES ? KP_TCACHE_MIN_BYTES : share;
 }
 
-/* Raise cls's max by one batch (below one batch: double it), up to its class's tcache_max.
- * Over the cap, budget is taken from lists that hold more than cls (from any
- * list, cls too, while the cache is over its share even without growing),
- * looked at round-robin a few at a time, so a full budget costs O(1) per
- * call, not a scan of every class. 1 if it grew. */
-static int grow(kp_tcache *tc, unsigned cls) {
+/* Raise cls's max by `step` objects, up to limit. Over the cap, budget is
+ * taken from lists that hold more than cls (from any list, cls too, while
+ * the cache is over its share even without growing), looked at round-robin
+ * a few at a time, so a full budget costs O(1) per call, not a scan of
+ * every class. 1 if it grew. */
+static int grow(kp_tcache *tc, unsigned cls, uint32_t limit, uint32_t step) {
     const kp_class_info *ci = &_kp_classes[cls];
     kp_tlist *l = &tc->lists[cls];
     size_t cap = _kp_tcache_budget_cap();
-    /* One batch, or what is left below tcache_max after a shrink took part of one. */
-    uint32_t room = l->max < ci->tcache_max ? ci->tcache_max - l->max : 0;
-    uint32_t step = l->max < ci->batch ? (l->max ? l->max : 1) : ci->batch;   /* slow start */
+    uint32_t room = l->max < limit ? limit - l->max : 0;
     uint32_t more = room < step ? room : step;
     size_t need = (size_t)more * ci->size;
     size_t mine = (size_t)l->max * ci->size;
@@ -193,18 +195,33 @@ static int grow(kp_tcache *tc, unsigned cls) {
     return 1;
 }
 
+/* Slow start: below one batch a list's max doubles, then grows a batch. */
+static uint32_t slow_start_step(const kp_tlist *l, const kp_class_info *ci) {
+    return l->max < ci->batch ? (l->max ? l->max : 1) : ci->batch;
+}
+
 void *_kp_tcache_refill(kp_tcache *tc, unsigned cls) {
     kp_tlist *l = &tc->lists[cls];
+    const kp_class_info *ci = &_kp_classes[cls];
+    kp_tmoves *m = &tc->moves[cls];
     _kp_pageheap_tick();
     if (_kp_mesh_on) _kp_mesh_tick();
-    unsigned want = _kp_classes[cls].batch;
-    if (l->max + 1 < want && !grow(tc, cls)) want = l->max + 1;
+    if (l->max + 1 < ci->batch) {
+        (void)grow(tc, cls, ci->tcache_free_max, slow_start_step(l, ci));
+    } else if (m->spilled) {
+        /* The thread allocates again what its list gave back since the last
+         * refill: a list that long would have kept it all. */
+        uint32_t step = (m->spilled + ci->batch - 1) / ci->batch * ci->batch;
+        (void)grow(tc, cls, ci->tcache_max, step);
+    }
+    m->spilled = 0;
+    unsigned want = ci->batch;
     if (want > l->max + 1) want = l->max + 1;
     void *head;
     /* the list may hold max after this pop: whole span lists fill it */
     unsigned got = _kp_central_fetch(cls, want, l->max + 1, &head);
     if (got == 0) return NULL;
-    KP_BUMP(tc->moves[cls].fetched, got);
+    KP_BUMP(m->fetched, got);
     KP_STAT_BUMP(tc->counters.tcache_misses, 1);
     KP_STAT_BUMP(tc->counters.central_fetches, 1);
     kp_assert(l->head == NULL);    /* refills happen only when the list is empty */
@@ -215,12 +232,16 @@ void *_kp_tcache_refill(kp_tcache *tc, unsigned cls) {
 
 void _kp_tcache_overflow(kp_tcache *tc, unsigned cls) {
     kp_tlist *l = &tc->lists[cls];
+    const kp_class_info *ci = &_kp_classes[cls];
     _kp_pageheap_tick();         /* idle pages go back even when nothing else reaches the page heap */
     if (_kp_mesh_on) _kp_mesh_tick();
-    if (KP_LOAD(l->count) <= l->max || grow(tc, cls)) return;
+    if (KP_LOAD(l->count) <= l->max || grow(tc, cls, ci->tcache_free_max, slow_start_step(l, ci))) return;
     unsigned n = KP_LOAD(l->count) - l->max;
-    unsigned batch = _kp_classes[cls].batch;
-    give_back(tc, cls, n > batch ? n : batch);
+    if (n < ci->batch) n = ci->batch;
+    if (n > KP_LOAD(l->count)) n = KP_LOAD(l->count);
+    give_back(tc, cls, n);
+    uint32_t spilled = tc->moves[cls].spilled + n;
+    tc->moves[cls].spilled = spilled < ci->tcache_max ? spilled : ci->tcache_max;
 }
 
 void _kp_tcache_flush_all(kp_tcache *tc) {

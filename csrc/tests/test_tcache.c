@@ -73,6 +73,53 @@ static void test_refill_and_overflow_move_batches(void) {
 }
 
 
+/* Frees alone grow a list to its class's tcache_free_max; refills (a thread
+ * allocating what it freed) grow it on to tcache_max. Runs in a new thread
+ * (a fresh cache); records only: out[0] = the max after freeing blocks
+ * another thread made, out[1] = the max and out[2] = the count after
+ * rounds of allocating and freeing them all, out[3] = 1 if it had a cache. */
+enum { GROW_N = 3000 };
+static void *free_then_churn(void *arg) {
+    void **v = arg;
+    unsigned *out = (unsigned *)(v + GROW_N), cls = _kp_size_class(48);
+    kp_tcache *tc = _kp_tcache_get();
+    out[3] = tc != NULL;
+    if (!tc) return NULL;
+    for (int i = 0; i < GROW_N; i++) kp_free(v[i]);
+    out[0] = tc->lists[cls].max;
+    for (int round = 0; round < 4; round++) {
+        for (int i = 0; i < GROW_N; i++) v[i] = kp_malloc(48);
+        for (int i = 0; i < GROW_N; i++) kp_free(v[i]);
+    }
+    out[1] = tc->lists[cls].max;
+    out[2] = KP_LOAD(tc->lists[cls].count);
+    return NULL;
+}
+
+static void test_refills_grow_a_list_past_what_frees_reach(void) {
+    unsigned cls = _kp_size_class(48);
+    const kp_class_info *ci = &_kp_classes[cls];
+    CHECK(ci->tcache_free_max < ci->tcache_max);
+    CHECK((size_t)ci->tcache_max * ci->size <= KP_TCACHE_MAX_BYTES);   /* the budget allows the whole list */
+    void **v = malloc(GROW_N * sizeof *v + 4 * sizeof(unsigned));
+    CHECK(v != NULL);
+    if (!v) return;
+    unsigned *out = (unsigned *)(v + GROW_N);
+    memset(out, 0, 4 * sizeof *out);
+    for (int i = 0; i < GROW_N; i++) v[i] = kp_malloc(48);
+    pthread_t t;
+    int created = pthread_create(&t, NULL, free_then_churn, v);
+    if (created == 0) pthread_join(t, NULL);
+    CHECK_EQ(created, 0);
+    CHECK_EQ(out[3], 1);
+    CHECK(out[0] <= ci->tcache_free_max);   /* a consumer keeps a few batches */
+    CHECK(out[1] > ci->tcache_free_max);    /* a thread that allocates them again holds more */
+    CHECK(out[1] <= ci->tcache_max);
+    CHECK(out[2] > ci->tcache_free_max);
+    CHECK(_kp_central_is_valid(cls));
+    free(v);
+}
+
 /* Bytes of free blocks in tc's lists. */
 static size_t held_bytes(const kp_tcache *tc) {
     size_t held = 0;
@@ -254,6 +301,7 @@ static void test_cross_thread_frees(void) {
 int main(void) {
     _kp_init();
     RUN(test_refill_and_overflow_move_batches);
+    RUN(test_refills_grow_a_list_past_what_frees_reach);
     RUN(test_byte_cap);
     RUN(test_budget_is_shared_among_threads);
     RUN(test_cache_over_its_share_gives_back);
