@@ -121,15 +121,22 @@ _Static_assert(KP_RECENT_MAX_PAGES * KP_PAGE_SIZE <= KP_RECENT_BYTES, "a kept sp
 #define KP_MESH_MIN_FREE ((size_t)1 << 20)     /* a class with less free in its spans is skipped */
 
 /* ---- thread cache -------------------------------------------------------- */
-/* The byte budget of one thread's lists: an even share of
+/* The byte budget of one thread's lists. A process with one thread cache
+ * gets KP_TCACHE_SOLO_BYTES; with more, each gets an even share of
  * KP_TCACHE_TOTAL_BYTES among the live caches, within [MIN, MAX] (32 MiB
- * overall as tcmalloc; at most 2 MiB a thread, where tcmalloc allows 4: a
- * single-threaded program's cache is free memory it keeps resident, and on
- * real programs 4 MiB cost RSS (python startup +0.6 MB, ast.parse of 300
- * stdlib files 33.7 -> 31.5 MB at 2 MiB) with no speed gained; 1 MiB cut
- * larson to 13 Mops/s from 34). */
+ * overall and 4 MiB a thread, as tcmalloc). A lone thread only takes back
+ * what it freed itself, and its cache is free memory it keeps resident:
+ * 4 MiB for it cost 1.3 MB of peak RSS on an ast.parse run of 400 stdlib
+ * files (31.1 -> 32.4 MB) with no speed gained (wall 1.00 [0.71-1.28]).
+ * Blocks that one thread frees for another come in bursts its lists must
+ * absorb: on larson at 2 threads, 4 MiB a thread cut the thread-cache misses per 20M operations
+ * from 0.3-0.5M to 0.05-0.3M and its wall time to 0.78x (median of 20
+ * interleaved runs; benchmarks/REPORT.md run 11). */
+#ifndef KP_TCACHE_SOLO_BYTES
+#define KP_TCACHE_SOLO_BYTES ((size_t)2 << 20)
+#endif
 #ifndef KP_TCACHE_MAX_BYTES
-#define KP_TCACHE_MAX_BYTES ((size_t)2 << 20)
+#define KP_TCACHE_MAX_BYTES ((size_t)4 << 20)
 #endif
 #ifndef KP_TCACHE_MIN_BYTES
 #define KP_TCACHE_MIN_BYTES ((size_t)512 << 10)
@@ -137,6 +144,7 @@ _Static_assert(KP_RECENT_MAX_PAGES * KP_PAGE_SIZE <= KP_RECENT_BYTES, "a kept sp
 #ifndef KP_TCACHE_TOTAL_BYTES
 #define KP_TCACHE_TOTAL_BYTES ((size_t)32 << 20)
 #endif
+_Static_assert(KP_TCACHE_SOLO_BYTES <= KP_TCACHE_MAX_BYTES, "a lone thread's budget is within the range");
 _Static_assert(KP_TCACHE_MIN_BYTES <= KP_TCACHE_MAX_BYTES, "a thread's budget range is not empty");
 /* A list's max grows on its overflows (frees) up to KP_TCACHE_FREE_BATCHES
  * batches; past that only a refill grows it, by what the list gave back

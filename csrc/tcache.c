@@ -14,7 +14,8 @@
  * list lengths: a list grows its max while sum(max * size) stays
  * within the thread's budget, else it takes budget from larger lists, a few
  * per call in round-robin order, which give back what no longer fits. The
- * budget is an even share of KP_TCACHE_TOTAL_BYTES among live caches, within
+ * budget is KP_TCACHE_SOLO_BYTES while one cache is live, else an even share
+ * of KP_TCACHE_TOTAL_BYTES among live caches, within
  * [KP_TCACHE_MIN_BYTES, KP_TCACHE_MAX_BYTES]: with many threads each caches
  * less (all together: the total up to total / min threads, then the minimum
  * per thread). A cache over its share (threads were started) gives the
@@ -164,7 +165,8 @@ static size_t shrink(kp_tcache *tc, unsigned c, size_t bytes) {
 
 size_t _kp_tcache_budget_cap(void) {
     size_t n = KP_LOAD(live_caches);
-    size_t share = KP_TCACHE_TOTAL_BYTES / (n ? n : 1);
+    if (n <= 1) return KP_TCACHE_SOLO_BYTES;
+    size_t share = KP_TCACHE_TOTAL_BYTES / n;
     return share > KP_TCACHE_MAX_BYTES ? KP_TCACHE_MAX_BYTES : share < KP_TCACHE_MIN_BYTES ? KP_TCACHE_MIN_BYTES : share;
 }
 

@@ -251,6 +251,44 @@ static void test_cache_over_its_share_gives_back(void) {
     CHECK(late_after <= late_cap);
 }
 
+/* One live cache gets KP_TCACHE_SOLO_BYTES; with a second thread's cache
+ * live, each gets the larger KP_TCACHE_MAX_BYTES (an even share of the
+ * total would be more), and this thread's lists fill past the solo budget;
+ * when the other thread exits, overflows bring them back within it. */
+static pthread_barrier_t pair_barrier;
+
+static void *hold_one_cache(void *arg) {
+    (void)arg;
+    (void)_kp_tcache_get();
+    pthread_barrier_wait(&pair_barrier);      /* both caches are live */
+    pthread_barrier_wait(&pair_barrier);      /* the main thread has measured */
+    return NULL;
+}
+
+static void test_a_lone_cache_has_the_solo_budget(void) {
+    _Static_assert(KP_TCACHE_SOLO_BYTES < KP_TCACHE_MAX_BYTES, "the two budgets differ");
+    _Static_assert(KP_TCACHE_TOTAL_BYTES / 2 >= KP_TCACHE_MAX_BYTES, "two threads get the maximum");
+    kp_tcache *tc = _kp_tcache_get();
+    CHECK_EQ(_kp_tcache_budget_cap(), KP_TCACHE_SOLO_BYTES);
+    CHECK(!churn_large_blocks());
+    CHECK(tc->budget_used <= KP_TCACHE_SOLO_BYTES);
+    pthread_barrier_init(&pair_barrier, NULL, 2);
+    pthread_t t;
+    CHECK_EQ(pthread_create(&t, NULL, hold_one_cache, NULL), 0);
+    pthread_barrier_wait(&pair_barrier);
+    CHECK_EQ(_kp_tcache_budget_cap(), KP_TCACHE_MAX_BYTES);
+    CHECK(!churn_large_blocks());
+    size_t paired = tc->budget_used;
+    pthread_barrier_wait(&pair_barrier);
+    pthread_join(t, NULL);
+    pthread_barrier_destroy(&pair_barrier);
+    CHECK(paired > KP_TCACHE_SOLO_BYTES);
+    CHECK(paired <= KP_TCACHE_MAX_BYTES);
+    CHECK_EQ(_kp_tcache_budget_cap(), KP_TCACHE_SOLO_BYTES);
+    for (int round = 0; round < 64; round++) alloc_then_free(4096, 128);   /* each round overflows */
+    CHECK(tc->budget_used <= KP_TCACHE_SOLO_BYTES);
+}
+
 static void test_thread_flush_empties_this_cache(void) {
     void *p = kp_malloc(300);
     kp_free(p);
@@ -303,6 +341,7 @@ int main(void) {
     RUN(test_refill_and_overflow_move_batches);
     RUN(test_refills_grow_a_list_past_what_frees_reach);
     RUN(test_byte_cap);
+    RUN(test_a_lone_cache_has_the_solo_budget);
     RUN(test_budget_is_shared_among_threads);
     RUN(test_cache_over_its_share_gives_back);
     RUN(test_thread_flush_empties_this_cache);
