@@ -129,9 +129,9 @@ _Static_assert(KP_RECENT_MAX_PAGES * KP_PAGE_SIZE <= KP_RECENT_BYTES, "a kept sp
  * 4 MiB for it cost 1.3 MB of peak RSS on an ast.parse run of 400 stdlib
  * files (31.1 -> 32.4 MB) with no speed gained (wall 1.00 [0.71-1.28]).
  * Blocks that one thread frees for another come in bursts its lists must
- * absorb: on larson at 2 threads, 4 MiB a thread cut the thread-cache misses per 20M operations
- * from 0.3-0.5M to 0.05-0.3M and its wall time to 0.78x (median of 20
- * interleaved runs; benchmarks/REPORT.md run 11). */
+ * absorb: on larson at 2 threads, 4 MiB a thread cut the thread-cache
+ * misses per 20M operations from 0.3-0.5M to 0.05-0.3M and its wall time
+ * to 0.78x (median of 20 interleaved runs; benchmarks/REPORT.md run 11). */
 #ifndef KP_TCACHE_SOLO_BYTES
 #define KP_TCACHE_SOLO_BYTES ((size_t)2 << 20)
 #endif

@@ -255,16 +255,6 @@ static void test_cache_over_its_share_gives_back(void) {
  * live, each gets the larger KP_TCACHE_MAX_BYTES (an even share of the
  * total would be more), and this thread's lists fill past the solo budget;
  * when the other thread exits, overflows bring them back within it. */
-static pthread_barrier_t pair_barrier;
-
-static void *hold_one_cache(void *arg) {
-    (void)arg;
-    (void)_kp_tcache_get();
-    pthread_barrier_wait(&pair_barrier);      /* both caches are live */
-    pthread_barrier_wait(&pair_barrier);      /* the main thread has measured */
-    return NULL;
-}
-
 static void test_a_lone_cache_has_the_solo_budget(void) {
     _Static_assert(KP_TCACHE_SOLO_BYTES < KP_TCACHE_MAX_BYTES, "the two budgets differ");
     _Static_assert(KP_TCACHE_TOTAL_BYTES / 2 >= KP_TCACHE_MAX_BYTES, "two threads get the maximum");
@@ -272,16 +262,16 @@ static void test_a_lone_cache_has_the_solo_budget(void) {
     CHECK_EQ(_kp_tcache_budget_cap(), KP_TCACHE_SOLO_BYTES);
     CHECK(!churn_large_blocks());
     CHECK(tc->budget_used <= KP_TCACHE_SOLO_BYTES);
-    pthread_barrier_init(&pair_barrier, NULL, 2);
+    pthread_barrier_init(&live_barrier, NULL, 2);
     pthread_t t;
-    CHECK_EQ(pthread_create(&t, NULL, hold_one_cache, NULL), 0);
-    pthread_barrier_wait(&pair_barrier);
+    CHECK_EQ(pthread_create(&t, NULL, hold_a_cache, NULL), 0);
+    pthread_barrier_wait(&live_barrier);      /* both caches are live */
     CHECK_EQ(_kp_tcache_budget_cap(), KP_TCACHE_MAX_BYTES);
     CHECK(!churn_large_blocks());
     size_t paired = tc->budget_used;
-    pthread_barrier_wait(&pair_barrier);
+    pthread_barrier_wait(&live_barrier);      /* measured: the other thread may exit */
     pthread_join(t, NULL);
-    pthread_barrier_destroy(&pair_barrier);
+    pthread_barrier_destroy(&live_barrier);
     CHECK(paired > KP_TCACHE_SOLO_BYTES);
     CHECK(paired <= KP_TCACHE_MAX_BYTES);
     CHECK_EQ(_kp_tcache_budget_cap(), KP_TCACHE_SOLO_BYTES);
