@@ -10,7 +10,8 @@
  * back to the page heap at once; the page heap keeps it resident a while.
  * Calls: pageheap (spans), pagemap (object -> span, class bytes).
  * Invariants (_kp_central_is_valid): free_objects == batch * used + sum
- *   over the class's spans of |freelist| + (capacity - carved); a span is on
+ *   over the class's spans of |freelist| + (capacity - carved); a span's
+ *   list holds only its own slots (or its meshed group's); a span is on
  *   `partial` iff it has a free object; spans with allocated == 0 are not
  *   kept (but a meshed group whose members could not all be given private
  *   pages back, mesh.c); used <= transfer_slots, transfer_slots * batch * size <=
@@ -144,9 +145,21 @@ unsigned _kp_central_fetch(unsigned cls, unsigned n, unsigned room, void **head_
                 s->freelist = next;
                 if (!s->freelist) s->freelist_tail = NULL;
             } else if (s->carved < s->capacity) {
-                obj = base + (size_t)s->carved * size;
-                s->carved++;
-                _kp_mark_free(obj);         /* free until it is handed out */
+                /* Never-carved objects go on as one run, linked in address
+                 * order, each marked free until it is handed out. */
+                unsigned k = s->capacity - s->carved;
+                if (k > n - got) k = n - got;
+                char *first = base + (size_t)s->carved * size, *last = first + (size_t)(k - 1) * size;
+                for (char *p = first; p < last; p += size) {
+                    _kp_mark_free(p);
+                    _kp_set_next(p, p + size);
+                }
+                _kp_mark_free(last);
+                APPEND(first, last);
+                s->carved += k;
+                s->allocated += k;
+                got += k;
+                continue;
             } else {
                 break;
             }
@@ -186,34 +199,53 @@ static void rebuild_freelist(kp_span *s, const uint64_t *live) {
     s->carved = s->capacity;
 }
 
-/* Put n objects back into their spans. REQUIRES class lock. */
+/* Put n objects back into their spans. Consecutive objects of one span
+ * (a thread frees what it allocated together) go onto its list as the run
+ * they already form: one splice and one count per run, no relinking, and
+ * one pagemap lookup; json.loads results and parse trees come back this
+ * way. REQUIRES class lock. */
 static void return_to_spans(kp_central *c, void *head, unsigned n) {
     size_t freed_objects = 0;
-    for (unsigned i = 0; i < n && head; i++) {
-        void *obj = head;
-        kp_span *s = _kp_link_ok(obj) ? _kp_pagemap_get((uintptr_t)obj >> KP_PAGE_SHIFT) : NULL;
+    unsigned i = 0;
+    while (i < n && head) {
+        void *first = head;
+        kp_span *s = _kp_link_ok(first) ? _kp_pagemap_get((uintptr_t)first >> KP_PAGE_SHIFT) : NULL;
         if (!s || s->state != KP_SPAN_SMALL || &centrals[s->sizeclass] != c) {
-            _kp_report_bad_link("kp_free", obj);     /* a damaged link led here: drop the rest */
+            _kp_report_bad_link("kp_free", first);   /* a damaged link led here: drop the rest */
             break;
         }
-        head = _kp_next(obj);
-        if (s->mesh_primary) s = s->mesh_primary;   /* a meshed span's slots are its group's */
-        _kp_set_next(obj, s->freelist);
-        if (!s->freelist) s->freelist_tail = obj;
-        s->freelist = obj;
-        s->allocated--;
-        freed_objects++;
-        if (s->allocated == 0 && s->mesh_members && _kp_mesh_undo(s) != 0) {
-            rebuild_freelist(s, NULL);   /* a member could not be remapped: the group stays, all free */
-            if (!s->on_list) partial_push(c, s);
-        } else if (s->allocated == 0) {
-            if (s->on_list) partial_remove(s);
-            KP_STORE(c->free_objects, KP_LOAD(c->free_objects) + freed_objects - s->capacity);
+        kp_span *owner = s->mesh_primary ? s->mesh_primary : s;   /* a meshed span's slots are its group's */
+        if (owner->allocated == 0) {
+            _kp_report_bad_link("kp_free", first);   /* every object of it is free already */
+            break;
+        }
+        const uintptr_t base = s->start << KP_PAGE_SHIFT, bytes = (uintptr_t)s->npages << KP_PAGE_SHIFT;
+        /* More than `allocated` objects of a span would be a double free:
+         * the run stops there, and the span (freed below) rejects the rest. */
+        void *last = first;
+        uint32_t run = 1;
+        head = _kp_next(first);
+        for (i++; i < n && head && run < owner->allocated; i++, run++) {
+            if (!_kp_link_ok(head) || (uintptr_t)head - base >= bytes) break;
+            last = head;
+            head = _kp_next(head);
+        }
+        _kp_set_next(last, owner->freelist);
+        if (!owner->freelist) owner->freelist_tail = last;
+        owner->freelist = first;
+        owner->allocated -= run;
+        freed_objects += run;
+        if (owner->allocated == 0 && owner->mesh_members && _kp_mesh_undo(owner) != 0) {
+            rebuild_freelist(owner, NULL);   /* a member could not be remapped: the group stays, all free */
+            if (!owner->on_list) partial_push(c, owner);
+        } else if (owner->allocated == 0) {
+            if (owner->on_list) partial_remove(owner);
+            KP_STORE(c->free_objects, KP_LOAD(c->free_objects) + freed_objects - owner->capacity);
             freed_objects = 0;
             KP_STORE(c->spans, KP_LOAD(c->spans) - 1);
-            _kp_pageheap_free(s);
-        } else if (!s->on_list) {
-            partial_push(c, s);
+            _kp_pageheap_free(owner);
+        } else if (!owner->on_list) {
+            partial_push(c, owner);
         }
     }
     KP_STORE(c->free_objects, KP_LOAD(c->free_objects) + freed_objects);
@@ -364,6 +396,7 @@ int _kp_central_is_valid(unsigned cls) {
         size_t listed = 0;
         void *last = NULL;
         for (void *p = s->freelist; p && _kp_link_ok(p); p = _kp_next(p)) {
+            if (slot_of_span(s, p) < 0) ok = 0;   /* each span lists only its own slots */
             listed++;
             last = p;
         }

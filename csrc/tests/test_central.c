@@ -104,11 +104,47 @@ static void test_objects_are_distinct_and_in_bounds(void) {
     _kp_central_return(cls, head, got);
 }
 
+/* return_to_spans moves runs of one span's objects whole: a chain that
+ * switches span every few objects, cut off by n in the middle of a run,
+ * returns exactly n objects, each to its own span, and leaves the rest. */
+static void test_runs_of_two_spans_return_to_their_spans(void) {
+    unsigned cls = _kp_size_class(1536);
+    const unsigned cap = _kp_classes[cls].objects;
+    kp_central *c = _kp_central(cls);
+    size_t spans_before = KP_LOAD(c->spans);
+    void *a, *b;
+    CHECK_EQ(_kp_central_fetch(cls, cap, cap, &a), cap);   /* two spans, every slot */
+    CHECK_EQ(_kp_central_fetch(cls, cap, cap, &b), cap);
+    CHECK(_kp_pagemap_get((uintptr_t)a >> KP_PAGE_SHIFT) != _kp_pagemap_get((uintptr_t)b >> KP_PAGE_SHIFT));
+    enum { MAXOBJ = 512 };
+    void *objs[2 * MAXOBJ];
+    unsigned n = 0;
+    CHECK(cap <= MAXOBJ);
+    while (a || b) {   /* interleave: 3 of a, 2 of b, ... */
+        for (int k = 0; k < 3 && a; k++, a = _kp_next(a)) objs[n++] = a;
+        for (int k = 0; k < 2 && b; k++, b = _kp_next(b)) objs[n++] = b;
+    }
+    CHECK_EQ(n, 2 * cap);
+    for (unsigned i = 0; i + 1 < n; i++) _kp_set_next(objs[i], objs[i + 1]);
+    _kp_set_next(objs[n - 1], NULL);
+    size_t free_before = KP_LOAD(c->free_objects);
+    unsigned first = 7;                        /* ends inside a run of span a */
+    _kp_central_return(cls, objs[0], first);
+    CHECK_EQ(KP_LOAD(c->free_objects), free_before + first);
+    CHECK(_kp_central_is_valid(cls));
+    CHECK_EQ(chain_length(objs[first]), n - first);   /* the rest is untouched */
+    _kp_central_return(cls, objs[first], n - first);
+    CHECK(_kp_central_is_valid(cls));
+    CHECK_EQ(KP_LOAD(c->spans), spans_before);        /* both spans all free: gone */
+    CHECK(_kp_pageheap_is_valid());
+}
+
 int main(void) {
     _kp_init();
     RUN(test_fetch_and_return_batches);
     RUN(test_empty_spans_go_back);
     RUN(test_objects_are_distinct_and_in_bounds);
     RUN(test_a_span_list_that_fits_the_room_comes_whole);
+    RUN(test_runs_of_two_spans_return_to_their_spans);
     return DONE();
 }
