@@ -109,7 +109,7 @@ def _gcc(work, functions):
     return {"args": ["gcc", "-O2", "-c", str(src), "-o", "/dev/null"], "env": {}}
 
 
-_REPACK_ARGS = ["git", "repack", "-a", "-d", "-f", "-q", "--window=50"]
+_REPACK = ["repack", "-a", "-d", "-f", "-q", "--window=50"]
 
 
 def _git_repo(work, commits):
@@ -144,7 +144,7 @@ def _git_repo(work, commits):
         # Pack it once, untimed: `repack -a -d -f` rewrites the packs, so
         # without this the first allocator to run would log and repack a
         # different repository (fast-import's pack) from all the others.
-        subprocess.run(_REPACK_ARGS, cwd=repo, check=True, env=env)
+        subprocess.run(["git", *_REPACK], cwd=repo, check=True, env=env)
     return repo
 
 
@@ -155,7 +155,7 @@ def _git_log(work, commits):
 
 def _git_repack(work, commits):
     repo = _git_repo(work, commits)
-    return {"args": ["git", "-C", str(repo), *_REPACK_ARGS[1:]], "env": {},
+    return {"args": ["git", "-C", str(repo), *_REPACK], "env": {},
             "output": "none"}
 
 
