@@ -406,6 +406,13 @@ static void *realloc_to_zero(void *p) {
 }
 
 static void *small_realloc(void *p, unsigned cls, size_t size) {
+    /* A freed block carries the free mark: realloc of it is misuse, and
+     * nothing is freed or allocated (it may sit on a free list). */
+    if (KP_UNLIKELY(_kp_is_marked(p))) {
+        _kp_error("kp_realloc", p, "pointer is a freed block (not live)");
+        errno = EINVAL;
+        return NULL;
+    }
     if (size == 0) return realloc_to_zero(p);
     size_t usable = _kp_classes[cls].size;
     /* Keep the block unless it would waste more than half of it. The old

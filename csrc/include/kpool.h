@@ -144,7 +144,9 @@ KP_API void *kp_calloc(size_t count, size_t size);
  * failure it returns NULL and p is left untouched. A p that is not a live
  * block of kp_malloc and friends (a pool or arena block, freed or foreign
  * memory) reaches the error handler; if that returns, kp_realloc returns
- * NULL with errno EINVAL and nothing is freed or allocated, also for size 0. */
+ * NULL with errno EINVAL and nothing is freed or allocated, also for size 0
+ * (a freed small block is told by the hardening's free mark: a KP_HARDEN=0
+ * build cannot tell it from a live one). */
 KP_API void *kp_realloc(void *p, size_t size);
 /* alignment must be a power of two (else NULL, errno EINVAL); any power of
  * two up to 1 GiB works. size need not be a multiple of alignment. */

@@ -6,6 +6,7 @@
 #include "check.h"
 #include "kp_internal.h"
 
+#include <errno.h>
 #include <string.h>
 
 static int handler_calls;
@@ -120,6 +121,30 @@ static void test_handed_out_block_shows_no_link_or_mark(void) {
     kp_free(again);
 }
 
+/* kp_realloc of a freed small block, not the thread's last free: the
+ * handler, NULL with EINVAL, and nothing is freed or allocated. */
+static void test_realloc_of_a_freed_block_does_nothing(void) {
+    handler_calls = 0;
+    char *a = kp_malloc(48), *b = kp_malloc(48);
+    kp_free(a);
+    kp_free(b);
+    kp_stats before = {.struct_size = sizeof before}, after = {.struct_size = sizeof after};
+    kp_stats_get(&before);
+    errno = 0;
+    for (size_t size = 0; size <= 100; size += 50) {   /* frees, keeps in place, moves */
+        CHECK(kp_realloc(a, size) == NULL);
+        CHECK_EQ(errno, EINVAL);
+    }
+    kp_stats_get(&after);
+    CHECK_EQ(handler_calls, 3);
+    CHECK(handler_what && strstr(handler_what, "freed block"));
+    CHECK_EQ(after.allocs, before.allocs);
+    CHECK_EQ(after.bytes_in_use, before.bytes_in_use);
+    char *x = kp_malloc(48), *y = kp_malloc(48), *z = kp_malloc(48);
+    CHECK(x != y && y != z && x != z);         /* a and b each handed out once */
+    kp_free(x), kp_free(y), kp_free(z);
+}
+
 int main(int argc, char **argv) {
     _kp_init();
     kp_set_error_handler(record_handler);
@@ -131,5 +156,6 @@ int main(int argc, char **argv) {
     MAYBE(test_overflow_into_a_free_block_is_caught);
     MAYBE(test_pool_link_damage_is_caught);
     MAYBE(test_handed_out_block_shows_no_link_or_mark);
+    MAYBE(test_realloc_of_a_freed_block_does_nothing);
     return DONE();
 }
