@@ -401,7 +401,7 @@ int _kp_central_is_valid(unsigned cls) {
             last = p;
         }
         size_t free_here = listed + (s->capacity - s->carved);
-        ok = s->state == KP_SPAN_SMALL && s->sizeclass == cls && s->on_list && free_here > 0 &&
+        ok = ok && s->state == KP_SPAN_SMALL && s->sizeclass == cls && s->on_list && free_here > 0 &&
              last == s->freelist_tail &&
              s->allocated + free_here == s->capacity && (s->allocated > 0 || s->mesh_members);
         free_objects += free_here;
