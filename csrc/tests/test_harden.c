@@ -130,9 +130,10 @@ static void test_realloc_of_a_freed_block_does_nothing(void) {
     kp_free(b);
     kp_stats before = {.struct_size = sizeof before}, after = {.struct_size = sizeof after};
     kp_stats_get(&before);
-    errno = 0;
-    for (size_t size = 0; size <= 100; size += 50) {   /* frees, keeps in place, moves */
-        CHECK(kp_realloc(a, size) == NULL);
+    const size_t sizes[] = {0, 40, 100};   /* would free, keep in place (48-byte class), move */
+    for (int i = 0; i < 3; i++) {
+        errno = 0;
+        CHECK(kp_realloc(a, sizes[i]) == NULL);
         CHECK_EQ(errno, EINVAL);
     }
     kp_stats_get(&after);
