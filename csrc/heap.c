@@ -374,7 +374,8 @@ static uintptr_t small_block_start(const void *p, unsigned cls) {
 
 size_t kp_usable_size(const void *p) {
     unsigned cls = _kp_pagemap_class(p);
-    if (small_class_ok(cls)) return small_block_start(p, cls) == (uintptr_t)p ? _kp_classes[cls].size : 0;
+    if (small_class_ok(cls))   /* the free mark tells a freed block (not with KP_HARDEN=0) */
+        return small_block_start(p, cls) == (uintptr_t)p && !_kp_is_marked(p) ? _kp_classes[cls].size : 0;
     if (cls == KP_CLASS_LARGE) {
         _kp_lock(_kp_pageheap_lock());
         kp_span *s = large_span_locked(p);

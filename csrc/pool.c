@@ -379,7 +379,7 @@ size_t _kp_pool_usable_size(const void *p) {
     kp_span *s = _kp_pagemap_get((uintptr_t)p >> KP_PAGE_SHIFT);   /* every page of a chunk maps to it */
     if (!s || s->state != KP_SPAN_POOL || !s->owner) return 0;
     kp_pool *pool = s->owner;
-    return block_ok(pool, p) ? pool->block_size : 0;
+    return block_ok(pool, p) && !is_free(pool, p) ? pool->block_size : 0;
 }
 
 static __attribute__((noinline)) void report_not_live(void *p) {

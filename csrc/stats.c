@@ -161,6 +161,8 @@ int kp_stats_get(kp_stats *out) {
     size_t largest = ph.largest_free > largest_class_free ? ph.largest_free : largest_class_free;
     st->external_fragmentation = held ? 1.0 - (double)(largest < held ? largest : held) / (double)held : 0.0;
 
+    size_t rows_covered = (want - offsetof(kp_stats, classes)) / sizeof(kp_class_stats);
+    if (rows_covered < st->nclasses) st->nclasses = rows_covered;   /* the rows it holds in whole */
     size_t n = want < sizeof *st ? want : sizeof *st;
     memcpy(out, st, n);
     out->struct_size = want;

@@ -161,7 +161,10 @@ KP_API void kp_free_sized(void *p, size_t size);
 /* For the start of a live block of kp_malloc and friends or of a pool: the
  * bytes usable there (>= the size requested; a pool's block size). For
  * anything else (NULL, a pointer inside a block, an arena block, memory
- * kpool does not own) 0. */
+ * kpool does not own, a freed pool block, a freed small block) 0. A
+ * KP_HARDEN=0 build cannot tell a freed small block (of kp_malloc) from a
+ * live one and answers its size. Reads word 1 of the block: do not call it
+ * while another thread writes that word. */
 KP_API size_t kp_usable_size(const void *p);
 /* 1 if p lies inside a block that kpool has handed out and not yet taken
  * back to its page heap (interior pointers too; pool and arena blocks too),
@@ -341,7 +344,8 @@ typedef struct kp_stats {
 
 /* 0 on success; -1 with errno EINVAL if out is NULL or out->struct_size is
  * smaller than the part of the struct before `classes`. Fills as much of the
- * struct as struct_size covers. */
+ * struct as struct_size covers, and nothing past it; nclasses is then the
+ * number of rows of `classes` it covers in whole. */
 KP_API int kp_stats_get(kp_stats *out);
 /* Zero the event counters (not the gauges). */
 KP_API void kp_stats_reset(void);

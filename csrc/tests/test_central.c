@@ -139,6 +139,40 @@ static void test_runs_of_two_spans_return_to_their_spans(void) {
     CHECK(_kp_pageheap_is_valid());
 }
 
+/* The checker itself: a slot of another span spliced into a span's list
+ * (counts and tails all still right) makes _kp_central_is_valid fail. */
+static void test_the_checker_finds_a_foreign_slot(void) {
+    unsigned cls = _kp_size_class(3000);
+    const unsigned cap = _kp_classes[cls].objects;
+    CHECK(cap > 3 && _kp_classes[cls].batch > 3);
+    void *chain[2];
+    kp_span *span[2];
+    for (int k = 0; k < 2; k++) {
+        CHECK_EQ(_kp_central_fetch(cls, cap, cap, &chain[k]), cap);   /* a whole span */
+        span[k] = _kp_pagemap_get((uintptr_t)chain[k] >> KP_PAGE_SHIFT);
+    }
+    CHECK(span[0] != span[1]);
+    void *rest[2];
+    for (int k = 0; k < 2; k++) {                /* 3 slots back to each span's list */
+        void *third = _kp_next(_kp_next(chain[k]));
+        rest[k] = _kp_next(third);
+        _kp_set_next(third, NULL);
+        _kp_central_return(cls, chain[k], 3);
+    }
+    CHECK(_kp_central_is_valid(cls));
+    void *a = span[0]->freelist, *b = span[1]->freelist;    /* swap the two heads */
+    void *a_next = _kp_next(a), *b_next = _kp_next(b);
+    span[0]->freelist = b, _kp_set_next(b, a_next);
+    span[1]->freelist = a, _kp_set_next(a, b_next);
+    CHECK(!_kp_central_is_valid(cls));
+    span[0]->freelist = a, _kp_set_next(a, a_next);
+    span[1]->freelist = b, _kp_set_next(b, b_next);
+    CHECK(_kp_central_is_valid(cls));
+    for (int k = 0; k < 2; k++) _kp_central_return(cls, rest[k], cap - 3);
+    CHECK(_kp_central_is_valid(cls));
+    CHECK(_kp_pageheap_is_valid());
+}
+
 int main(void) {
     _kp_init();
     RUN(test_fetch_and_return_batches);
@@ -146,5 +180,6 @@ int main(void) {
     RUN(test_objects_are_distinct_and_in_bounds);
     RUN(test_a_span_list_that_fits_the_room_comes_whole);
     RUN(test_runs_of_two_spans_return_to_their_spans);
+    RUN(test_the_checker_finds_a_foreign_slot);
     return DONE();
 }

@@ -146,6 +146,24 @@ static void test_realloc_of_a_freed_block_does_nothing(void) {
     kp_free(x), kp_free(y), kp_free(z);
 }
 
+/* kpool.h: a freed small block's start answers 0, told by its free mark;
+ * the thread's last free and one behind it, in classes 16 to 1024. */
+static void test_usable_size_of_a_freed_block_is_zero(void) {
+    const size_t sizes[] = {16, 48, 100, 1024};
+    for (int i = 0; i < 4; i++) {
+        char *a = kp_malloc(sizes[i]), *b = kp_malloc(sizes[i]);
+        size_t usable = kp_usable_size(a);
+        CHECK(usable >= sizes[i] && kp_usable_size(b) == usable);
+        kp_free(a);
+        kp_free(b);
+        CHECK_EQ(kp_usable_size(a), 0);
+        CHECK_EQ(kp_usable_size(b), 0);
+        char *again = kp_malloc(sizes[i]);
+        CHECK_EQ(kp_usable_size(again), usable);   /* handed out again: live */
+        kp_free(again);
+    }
+}
+
 int main(int argc, char **argv) {
     _kp_init();
     kp_set_error_handler(record_handler);
@@ -158,5 +176,6 @@ int main(int argc, char **argv) {
     MAYBE(test_pool_link_damage_is_caught);
     MAYBE(test_handed_out_block_shows_no_link_or_mark);
     MAYBE(test_realloc_of_a_freed_block_does_nothing);
+    MAYBE(test_usable_size_of_a_freed_block_is_zero);
     return DONE();
 }

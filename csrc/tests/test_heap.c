@@ -164,6 +164,9 @@ static void test_usable_size_rule(void) {
     char *pb = kp_pool_alloc(pool);
     CHECK_EQ(kp_usable_size(pb), kp_pool_block_size(pool));
     CHECK_EQ(kp_usable_size(pb + 16), 0);
+    char *pb_freed = kp_pool_alloc(pool);
+    kp_pool_free(pool, pb_freed);
+    CHECK_EQ(kp_usable_size(pb_freed), 0);       /* a freed pool block: its free mark says so */
     kp_arena *arena = kp_arena_create(0);
     char *ab = kp_arena_alloc(arena, 100, 0);
     CHECK(kp_owns(ab) && kp_owns(ab + 99));       /* kpool's memory ... */

@@ -25,6 +25,14 @@ static void test_versioned_struct(void) {
     CHECK_EQ(kp_stats_get(small), 0);
     CHECK_EQ(small->version, KP_STATS_VERSION);
     CHECK_EQ(small->classes[0].size, 12345);    /* not written past struct_size */
+    CHECK_EQ(small->nclasses, 0);               /* ... and it says it holds no rows */
+    /* a struct that ends inside row 3: rows 0-2 written, nclasses 3 */
+    small->struct_size = offsetof(kp_stats, classes) + 3 * sizeof(kp_class_stats) + 8;
+    small->classes[3].in_use = 12345;
+    CHECK_EQ(kp_stats_get(small), 0);
+    CHECK_EQ(small->nclasses, 3);
+    CHECK(small->classes[0].size == 16 && small->classes[2].size > small->classes[1].size);
+    CHECK_EQ(small->classes[3].in_use, 12345);   /* past struct_size: untouched */
     free(small);
     kp_stats full = snap();
     CHECK_EQ(full.nclasses, KP_NUM_CLASSES - 1);
