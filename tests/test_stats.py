@@ -315,3 +315,14 @@ def test_stats_says_whether_thread_caches_are_available():
     s = kpool.stats()
     assert s["tcaches_unavailable"] is False
     assert isinstance(s["uncached_ops"], int) and s["uncached_ops"] >= 0
+
+
+@pytest.mark.parametrize("value,shown", [("1", True), ("0", False), ("", False)])
+def test_kpool_stats_env_prints_the_summary_at_exit(value, shown):
+    """kpool.h: KPOOL_STATS=1 prints kp_stats_print's summary to stderr at
+    exit (also in a Python process, which links kpool's core); 0 or empty: nothing."""
+    proc = run_python("import kpool\nb = kpool.malloc(100)\nb.release()\n", env={"KPOOL_STATS": value})
+    header = "kpool %s statistics" % kpool.__version__
+    assert (header in proc.stderr) == shown, proc.stderr[-2000:]
+    if shown:
+        assert "allocs 1, frees 1" in proc.stderr   # the one malloc above, and its release

@@ -1,7 +1,9 @@
 """kpool.stress(): the Python entry point of the C stress driver (argument
 checking, the result dict, kpool_stats, Ctrl-C). The workload suites
 themselves live in tests/stress/."""
+import shutil
 import signal
+import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -48,7 +50,8 @@ def test_bad_names_are_value_errors():
         kpool.stress("mixed", allocator="nosuch", ops=10)
 
 
-@pytest.mark.parametrize("kw", [{"threads": 0}, {"threads": -1}, {"ops": 0}, {"ops": -5}])
+@pytest.mark.parametrize("kw", [{"threads": 0}, {"threads": -1}, {"threads": 1025}, {"ops": 0}, {"ops": -5},
+                                {"size": -1}, {"size": 2**40}, {"burst_bytes": -1}])
 def test_bad_counts_are_value_errors(kw):
     with pytest.raises(ValueError):
         kpool.stress("mixed", **kw)
@@ -95,6 +98,83 @@ def test_ctrl_c_stops_the_workers():
 
 def test_corruption_error_is_a_kpool_error():
     assert issubclass(kpool.CorruptionError, kpool.Error)
+
+
+# A broken malloc for allocator="system", preloaded into a child: once armed,
+# in threads other than the one that armed it (the stress workers), it either
+# writes over a live block ("clobber") or hands a live block out a second time
+# ("dup", swallowing the extra free). Only blocks of 16 bytes and more, and
+# only their user bytes, are touched: glibc's heap stays sound.
+BROKEN_MALLOC = r"""
+#include <malloc.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+extern void *__libc_malloc(size_t);
+extern void __libc_free(void *);
+static _Atomic int mode;                   /* 0 off, 1 clobber, 2 dup */
+static pthread_t armer;
+static _Atomic(void *) victim, dup_of;
+static _Atomic unsigned long calls;
+void broken_malloc_arm(int m) { armer = pthread_self(); atomic_store(&mode, m); }
+void *malloc(size_t n) {
+    int m = atomic_load(&mode);
+    if (!m || n < 16 || pthread_equal(pthread_self(), armer)) return __libc_malloc(n);
+    unsigned long k = atomic_fetch_add(&calls, 1) % 997;
+    void *v = atomic_load(&victim);
+    if (v && k == 500) {
+        if (m == 1) {
+            memset(v, 0x5a, 8);                 /* damage a live block */
+            atomic_store(&victim, NULL);
+            atomic_store(&mode, 0);
+        } else if (malloc_usable_size(v) >= n) {
+            atomic_store(&victim, NULL);
+            atomic_store(&dup_of, v);
+            atomic_store(&mode, 0);
+            return v;                           /* a live block, handed out again */
+        }
+    }
+    void *p = __libc_malloc(n);
+    if (!v && k == 0) atomic_store(&victim, p);
+    return p;
+}
+void free(void *p) {
+    void *expected = p;
+    if (p && atomic_compare_exchange_strong(&dup_of, &expected, NULL)) return;   /* the second holder's free */
+    expected = p;
+    if (p) atomic_compare_exchange_strong(&victim, &expected, NULL);
+    __libc_free(p);
+}
+"""
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+@pytest.mark.parametrize("mode", ["clobber", "dup"])
+def test_verify_raises_corruption_error_for_a_broken_allocator(tmp_path, mode):
+    """stress(verify=True) finds a damaged block, or a live block handed out
+    twice, and raises kpool.CorruptionError naming the run; verify=False
+    does not look (the same broken allocator runs to the end)."""
+    src = tmp_path / "broken_malloc.c"
+    src.write_text(BROKEN_MALLOC)
+    lib = tmp_path / "broken_malloc.so"
+    subprocess.run(["gcc", "-O1", "-shared", "-fPIC", "-o", str(lib), str(src), "-lpthread"], check=True)
+    code = """
+        import ctypes, kpool
+        arm = ctypes.CDLL(None).broken_malloc_arm
+        arm(%d)
+        try:
+            kpool.stress('random', threads=1, ops=200000, allocator='system', verify=%s)
+            print('no error')
+        except kpool.CorruptionError as e:
+            print('CorruptionError:', e)
+        """
+    m = {"clobber": 1, "dup": 2}[mode]
+    proc = run_python(code % (m, True), env={"LD_PRELOAD": str(lib)})
+    assert proc.stdout.startswith("CorruptionError: stress random/system: "), proc.stdout + proc.stderr
+    assert "damaged" in proc.stdout or "overlap" in proc.stdout
+    proc = run_python(code % (m, False), env={"LD_PRELOAD": str(lib)})
+    assert proc.stdout.strip() == "no error", proc.stdout + proc.stderr
 
 
 # ---- stopping a run: duration=, cancel=, stress_cancel(), exit, Ctrl-C (issue 15) ------------

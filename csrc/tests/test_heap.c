@@ -4,7 +4,9 @@
 #include "check.h"
 #include "kp_internal.h"
 
+#include <signal.h>
 #include <stdint.h>
+#include <string.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -610,6 +612,95 @@ static void test_free_keeps_errno(void) {
     kp_set_error_handler(old);
 }
 
+/* kpool.h: the default handler prints "kpool: <call>(<address>): <what>"
+ * and aborts. In a child, its stderr on a pipe. */
+static void test_the_default_handler_prints_and_aborts(void) {
+    int fds[2];
+    CHECK_EQ(pipe(fds), 0);
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(fds[1], 2);
+        kp_set_error_handler(NULL);
+        static int not_kpools;
+        kp_free(&not_kpools);
+        _exit(0);                                /* not reached */
+    }
+    close(fds[1]);
+    char msg[512] = {0};
+    size_t n = 0;
+    ssize_t r;
+    while (n < sizeof msg - 1 && (r = read(fds[0], msg + n, sizeof msg - 1 - n)) > 0) n += (size_t)r;
+    close(fds[0]);
+    int status = 0;
+    CHECK_EQ(waitpid(pid, &status, 0), pid);
+    CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT);
+    CHECK(strstr(msg, "kpool: kp_free(0x") == msg);
+    CHECK(strstr(msg, "not allocated by kpool") != NULL);
+}
+
+static void other_handler(const char *call, const void *ptr, const char *what) {
+    (void)call, (void)ptr, (void)what;
+}
+
+/* kp_set_error_handler returns the previous handler; NULL stands for the default. */
+static void test_set_error_handler_returns_the_previous_one(void) {
+    kp_error_handler was = kp_set_error_handler(record_handler);
+    CHECK(kp_set_error_handler(other_handler) == record_handler);
+    CHECK(kp_set_error_handler(NULL) == other_handler);
+    CHECK(kp_set_error_handler(was) == NULL);
+}
+
+/* An arena block is not kp_free's or kp_realloc's: the handler, then
+ * nothing (NULL and EINVAL for kp_realloc); the arena is untouched. */
+static void test_arena_blocks_to_free_and_realloc_reach_the_handler(void) {
+    kp_error_handler was = kp_set_error_handler(record_handler);
+    kp_arena *arena = kp_arena_create(0);
+    char *ab = kp_arena_alloc(arena, 100, 0);
+    memset(ab, 5, 100);
+    size_t used = kp_arena_used(arena);
+    handler_calls = 0;
+    kp_free(ab);
+    CHECK_EQ(handler_calls, 1);
+    CHECK(handler_ptr == ab);
+    errno = 0;
+    CHECK(kp_realloc(ab, 200) == NULL);
+    CHECK_EQ(errno, EINVAL);
+    CHECK_EQ(handler_calls, 2);
+    CHECK(handler_call && strcmp(handler_call, "kp_realloc") == 0);
+    CHECK(ab[0] == 5 && ab[99] == 5 && kp_arena_used(arena) == used);
+    char *next = kp_arena_alloc(arena, 100, 0);
+    CHECK(next && next != ab && (next >= ab + 100 || next + 100 <= ab));   /* ab is not handed out again */
+    kp_arena_destroy(arena);
+    kp_set_error_handler(was);
+}
+
+/* kpool.h: any power of two up to 1 GiB, for kp_aligned_alloc and arenas;
+ * kp_arena_create(0) means 1 MiB chunks, other sizes round up to the page. */
+static void test_one_gib_alignment_and_arena_chunk_sizes(void) {
+    const size_t gib = (size_t)1 << 30;
+    const size_t sizes[] = { 10, 300000 };
+    for (int i = 0; i < 2; i++) {
+        char *p = kp_aligned_alloc(gib, sizes[i]);
+        CHECK(p && (uintptr_t)p % gib == 0 && kp_usable_size(p) >= sizes[i]);
+        if (p) p[sizes[i] - 1] = 1;
+        kp_free(p);
+    }
+    kp_arena *a = kp_arena_create(0);
+    char *first = kp_arena_alloc(a, 10, 0);
+    CHECK(first && kp_arena_reserved(a) == ((size_t)1 << 20));
+    char *far = kp_arena_alloc(a, 10, gib);
+    CHECK(far && (uintptr_t)far % gib == 0);
+    errno = 0;
+    CHECK(kp_arena_alloc(a, 10, gib * 2) == NULL);
+    CHECK_EQ(errno, EINVAL);
+    kp_arena_destroy(a);
+    a = kp_arena_create(KP_PAGE_SIZE + 1);
+    CHECK(kp_arena_alloc(a, 10, 0) != NULL);
+    CHECK_EQ(kp_arena_reserved(a), 2 * KP_PAGE_SIZE);
+    kp_arena_destroy(a);
+}
+
 int main(void) {
     RUN(test_free_keeps_errno);
     _kp_init();
@@ -633,5 +724,9 @@ int main(void) {
     RUN(test_calloc_does_not_touch_zero_pages);
     RUN(test_realloc_grows_large_blocks_without_copying);
     RUN(test_large_blocks_of_one_size_are_reused);
+    RUN(test_the_default_handler_prints_and_aborts);
+    RUN(test_set_error_handler_returns_the_previous_one);
+    RUN(test_arena_blocks_to_free_and_realloc_reach_the_handler);
+    RUN(test_one_gib_alignment_and_arena_chunk_sizes);
     return DONE();
 }
