@@ -70,6 +70,12 @@ static void test_bounded_pool_is_exact(void) {
     CHECK_EQ(st.high_water, 10);
     CHECK_EQ(st.exhausted, 1);
     CHECK_EQ(st.capacity, 10);
+    CHECK_EQ(st.capacity_waits, 0);
+    kp_pool_note_wait(pool);                  /* a caller that waited once at capacity */
+    kp_pool_note_wait(pool);
+    kp_pool_stats_get(pool, &st);
+    CHECK_EQ(st.capacity_waits, 2);
+    CHECK_EQ(st.exhausted, 1);                /* a wait is not a refusal */
     for (int i = 0; i < 10; i++) kp_pool_free(pool, v[i]);
     kp_pool_destroy(pool);
 }
