@@ -720,14 +720,16 @@ static size_t live_now(kp_pool *pool, uint64_t allocs, uint64_t frees) {
     return (size_t)(live < carved ? live : carved);
 }
 
-int kp_pool_stats_get(kp_pool *pool, kp_pool_stats *out) {
-    if (!pool || !out || out->struct_size < sizeof(kp_pool_stats)) {
+int kp_pool_stats_get(kp_pool *pool, kp_pool_stats *user) {
+    if (!pool || !user || user->struct_size < offsetof(kp_pool_stats, free_blocks)) {
         errno = EINVAL;
         return -1;
     }
+    kp_pool_stats st = { .struct_size = user->struct_size }, *out = &st;
     uint64_t allocs, frees, misses;
-    size_t cached;
+    size_t cached, carved_held = 0;
     _kp_lock(&pool->lock);
+    for (kp_span *s = pool->chunks.next; s != &pool->chunks; s = s->next) carved_held += s->carved;
     sum_caches(pool, &allocs, &frees, &misses, &cached);
     size_t live = live_now(pool, allocs, frees);
     if (live > pool->high_water) pool->high_water = live;
@@ -743,7 +745,9 @@ int kp_pool_stats_get(kp_pool *pool, kp_pool_stats *out) {
     out->block_size = pool->block_size;
     out->bytes_mapped = pool->mapped;
     out->chunks = pool->nchunks;
+    out->free_blocks = carved_held > live ? carved_held - live : 0;
     _kp_unlock(&pool->lock);
+    memcpy(user, &st, user->struct_size < sizeof st ? user->struct_size : sizeof st);
     return 0;
 }
 

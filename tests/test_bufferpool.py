@@ -504,6 +504,28 @@ def test_trim_gives_memory_back():
     pool.acquire().release()  # still works
 
 
+def test_idle_after_trim_counts_the_buffers_the_kept_chunks_hold():
+    """idle after a trim that keeps a chunk (one buffer still in use) is what
+    the pool can hand out again without new memory: acquiring that many is
+    all hits, with bytes_mapped unchanged."""
+    pool = kpool.BufferPool(256)
+    bs = [pool.acquire() for _ in range(300)]
+    for b in bs[1:]:
+        b.release()
+    before = pool.idle
+    assert before == 299
+    released = pool.trim()
+    idle, s = pool.idle, pool.stats()
+    assert released > 0 and 0 < idle <= before
+    assert idle <= s["free_blocks"]
+    again = [pool.acquire() for _ in range(idle)]
+    after = pool.stats()
+    assert after["misses"] == s["misses"] and after["bytes_mapped"] == s["bytes_mapped"]
+    assert pool.idle == 0 and pool.in_use == idle + 1
+    for b in again + bs[:1]:
+        b.release()
+
+
 def test_close_rules():
     pool = kpool.BufferPool(64)
     b = pool.acquire()

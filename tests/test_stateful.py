@@ -466,9 +466,8 @@ class KpoolMachine(RuleBasedStateMachine):
         released = p.pool.trim()
         assert released >= 0 and released % 4096 == 0
         p.trimmed = True          # blocks never handed out may now come back as hits
-        if released:
-            gone = released // p.pool.stats()["block_size"]
-            p.idle = 0 if (p.in_use == 0 or gone >= p.idle) else p.idle - gone
+        if released:     # which chunks went is the pool's business; idle is bounded by what stays
+            p.idle = min(p.idle, p.pool.stats()["free_blocks"])
 
     @precondition(lambda self: any(not p.closed for p in self.pools))
     @rule(i=INDEX)

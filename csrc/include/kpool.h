@@ -239,8 +239,14 @@ typedef struct kp_pool_stats {
     size_t block_size;
     size_t bytes_mapped;      /* bytes of chunks held by the pool */
     size_t chunks;
+    /* added in 0.1.0's second pool-stats layout */
+    size_t free_blocks;       /* blocks carved in the chunks held and not live:
+                                 ready for reuse without new memory (a thread's
+                                 cache, the shared lists); within [0, carved] */
 } kp_pool_stats;
-/* 0 on success, -1 with errno EINVAL if out is NULL or struct_size too small. */
+/* 0 on success, -1 with errno EINVAL if out is NULL or struct_size is smaller
+ * than the struct up to `chunks` (the first layout). Fills as much of the
+ * struct as struct_size covers, and nothing past it. */
 KP_API int kp_pool_stats_get(kp_pool *pool, kp_pool_stats *out);
 /* Callers that wait for a block at capacity (the Python BufferPool) count
  * their waits here so that they appear in kp_pool_stats. */

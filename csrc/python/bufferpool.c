@@ -268,6 +268,7 @@ static PyObject *bufferpool_stats(kpy_bufferpool *self, PyObject *unused) {
         kpy_dict_steal(d, "align", PyLong_FromSize_t(self->align)) < 0 ||
         kpy_dict_steal(d, "bytes_mapped", PyLong_FromSize_t(st.bytes_mapped)) < 0 ||
         kpy_dict_steal(d, "chunks", PyLong_FromSize_t(st.chunks)) < 0 ||
+        kpy_dict_steal(d, "free_blocks", PyLong_FromSize_t(st.free_blocks)) < 0 ||
         kpy_dict_steal(d, "pool_allocs", PyLong_FromUnsignedLongLong(st.allocs)) < 0 ||
         kpy_dict_steal(d, "pool_frees", PyLong_FromUnsignedLongLong(st.frees)) < 0 ||
         kpy_dict_steal(d, "pool_hits", PyLong_FromUnsignedLongLong(st.hits)) < 0 ||
@@ -286,11 +287,12 @@ static PyObject *bufferpool_trim(kpy_bufferpool *self, PyObject *unused) {
     int closed = is_closed(self);
     if (!closed) {
         released = kp_pool_trim(self->pool);
-        if (released > 0) {
-            /* whole chunks went: the idle buffers they held are gone */
-            Py_ssize_t gone = (Py_ssize_t)(released / self->block_size);
-            self->idle = (self->in_use == 0 || gone >= self->idle) ? 0 : self->idle - gone;
-        }
+        kp_pool_stats st;
+        st.struct_size = sizeof st;
+        /* whole chunks went, and the idle buffers they held with them: the
+         * pool's free blocks (with any carved ahead) bound what is left */
+        if (released > 0 && kp_pool_stats_get(self->pool, &st) == 0 && (size_t)self->idle > st.free_blocks)
+            self->idle = (Py_ssize_t)st.free_blocks;
     }
     kpy_ft_unlock(&self->mu);
     if (closed) return acquire_error(self, E_CLOSED);
@@ -564,7 +566,8 @@ static PyMethodDef bufferpool_methods[] = {
     {"stats", (PyCFunction)(void (*)(void))bufferpool_stats, METH_NOARGS,
      "stats($self, /)\n--\n\nA dict: acquires, releases, hits (reused buffers), misses (new buffers),\n"
      "high_water, waits, timeouts, exhausted, in_use, idle, capacity, buffer_size,\n"
-     "block_size, align, bytes_mapped, chunks, and the raw kp_pool counters."},
+     "block_size, align, bytes_mapped, chunks, free_blocks (carved and not in use:\n"
+     "idle buffers and any carved ahead), and the raw kp_pool counters."},
     {"trim", (PyCFunction)(void (*)(void))bufferpool_trim, METH_NOARGS,
      "trim($self, /)\n--\n\nGive the memory of idle buffers back; returns the bytes released."},
     {"close", (PyCFunction)(void (*)(void))bufferpool_close, METH_NOARGS,
@@ -579,7 +582,9 @@ static PyGetSetDef bufferpool_getset[] = {
     {"buffer_size", (getter)get_buffer_size, NULL, "Size in bytes of each buffer.", NULL},
     {"capacity", (getter)get_capacity, NULL, "Most buffers in use at once, or None when unbounded.", NULL},
     {"in_use", (getter)get_in_use, NULL, "Buffers acquired and not yet released.", NULL},
-    {"idle", (getter)get_idle, NULL, "Buffers released and kept for reuse.", NULL},
+    {"idle", (getter)get_idle, NULL,
+     "Buffers released (or preallocated) and kept for reuse; after trim(), those\n"
+     "its kept chunks hold (counted by the pool's free blocks: at most as many as before).", NULL},
     {"align", (getter)get_align, NULL, "Every buffer's address is a multiple of this.", NULL},
     {"zero", (getter)get_zero, NULL, "True if every acquired buffer is zeroed.", NULL},
     {"closed", (getter)get_closed, NULL, "True once close() succeeded.", NULL},

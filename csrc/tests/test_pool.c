@@ -454,6 +454,31 @@ static void test_handed_out_block_shows_no_link(void) {
     }
 }
 
+/* free_blocks: carved and not live; a caller of the first layout (no
+ * free_blocks) is served, and nothing past its struct_size is written. */
+static void test_free_blocks_and_the_first_stats_layout(void) {
+    kp_pool *pool = kp_pool_create(64, 0, 0);
+    void *v[100];
+    for (int i = 0; i < 100; i++) v[i] = kp_pool_alloc(pool);
+    for (int i = 0; i < 50; i++) kp_pool_free(pool, v[i]);
+    kp_pool_stats st = { .struct_size = sizeof st };
+    CHECK_EQ(kp_pool_stats_get(pool, &st), 0);
+    CHECK_EQ(st.live, 50);
+    CHECK(st.free_blocks >= 50 && st.free_blocks + st.live <= st.chunks * (st.bytes_mapped / st.chunks) / 64);
+    kp_pool_stats old = { .struct_size = offsetof(kp_pool_stats, free_blocks), .free_blocks = 12345 };
+    CHECK_EQ(kp_pool_stats_get(pool, &old), 0);
+    CHECK(old.live == 50 && old.chunks == st.chunks && old.free_blocks == 12345);
+    kp_pool_stats tiny = { .struct_size = offsetof(kp_pool_stats, free_blocks) - 1 };
+    errno = 0;
+    CHECK_EQ(kp_pool_stats_get(pool, &tiny), -1);
+    CHECK_EQ(errno, EINVAL);
+    for (int i = 50; i < 100; i++) kp_pool_free(pool, v[i]);
+    kp_pool_trim(pool);
+    CHECK_EQ(kp_pool_stats_get(pool, &st), 0);
+    CHECK(st.chunks == 0 && st.free_blocks == 0);
+    kp_pool_destroy(pool);
+}
+
 int main(void) {
     _kp_init();
     RUN(test_bad_arguments_are_einval);
@@ -469,5 +494,6 @@ int main(void) {
     RUN(test_destroyed_pool_caches_are_not_reused);
     RUN(test_big_blocks_take_the_fast_path);
     RUN(test_handed_out_block_shows_no_link);
+    RUN(test_free_blocks_and_the_first_stats_layout);
     return DONE();
 }
