@@ -129,7 +129,8 @@ class ObjectPool(Generic[T]):
         self._waiting = 0      # threads waiting in get()
         self._async_waiters = deque()   # (loop, future) of coroutines waiting in get_async()
         self._idle = []        # LIFO of idle objects
-        self._out = {}         # id(obj) -> [obj, times handed out]
+        self._out = {}         # id(obj) -> [obj, ticket of its hand-out, or a list of them when several]
+        self._tickets = 0      # hand-outs so far: each one's ticket (borrow puts back only its own)
         self._in_use = 0
         self._creating = 0     # factory calls in progress (they hold capacity)
         self._resetting = 0    # reset calls in progress (they hold capacity too)
@@ -183,14 +184,18 @@ class ObjectPool(Generic[T]):
         """
         if timeout.__class__ is not float or timeout != 0.0:
             timeout = _timeout_arg(timeout)
+        return self._get(timeout)[0]
+
+    def _get(self, timeout):
+        """get(): the object and the ticket of its hand-out."""
         with self._lock:
             obj = self._take_locked("get")
             if obj is _AT_CAPACITY:
                 obj = self._wait_locked(timeout)
                 if obj is not None:
-                    return obj
+                    return obj, self._tickets
             elif obj is not _MAY_CREATE:
-                return obj
+                return obj, self._tickets
         return self._create()
 
     def _take_locked(self, call):
@@ -209,7 +214,8 @@ class ObjectPool(Generic[T]):
         return _AT_CAPACITY
 
     def _create(self):
-        """Call the factory for a creation slot already taken; hand the object out."""
+        """Call the factory for a creation slot already taken; hand the object
+        out. Returns it and its ticket."""
         try:
             obj = self._factory()
         except BaseException:
@@ -222,15 +228,19 @@ class ObjectPool(Generic[T]):
             self._created += 1
             self._misses += 1
             self._hand_out_locked(obj)
-        return obj
+            return obj, self._tickets
 
     def _hand_out_locked(self, obj):
-        """Record obj as handed out. REQUIRES: the lock held."""
+        """Record obj as handed out; its ticket is self._tickets until the
+        lock is released. REQUIRES: the lock held."""
+        self._tickets += 1
         entry = self._out.get(id(obj))
         if entry is None:
-            self._out[id(obj)] = [obj, 1]
+            self._out[id(obj)] = [obj, self._tickets]
+        elif entry[1].__class__ is int:
+            entry[1] = [entry[1], self._tickets]
         else:
-            entry[1] += 1
+            entry[1].append(self._tickets)
         self._in_use += 1
         self._gets += 1
         if self._in_use > self._high_water:
@@ -316,17 +326,27 @@ class ObjectPool(Generic[T]):
                 self._wake_async_locked()
 
     # -- put / discard -----------------------------------------------------
-    def _take_back_locked(self, obj, missing_ok=False):
-        """Remove obj from the handed-out objects. False (only with missing_ok)
-        if it is not handed out. REQUIRES: the lock held."""
+    def _take_back_locked(self, obj, missing_ok=False, ticket=None):
+        """Remove obj from the handed-out objects: the hand-out of that ticket,
+        else its latest. False (only with missing_ok) if it is not handed out
+        (under that ticket). REQUIRES: the lock held."""
         entry = self._out.get(id(obj))
-        if entry is None or entry[0] is not obj:
+        held = entry is not None and entry[0] is obj
+        if held and entry[1].__class__ is int:        # handed out once: the usual case
+            held = ticket is None or ticket == entry[1]
+            if held:
+                del self._out[id(obj)]
+        elif held:                                    # handed out several times at once
+            tickets = entry[1]
+            held = ticket is None or ticket in tickets
+            if held:
+                tickets.remove(tickets[-1] if ticket is None else ticket)
+                if len(tickets) == 1:
+                    entry[1] = tickets[0]
+        if not held:
             if missing_ok:
                 return False
             raise ValueError("object did not come from this ObjectPool (or was already put back or discarded)")
-        entry[1] -= 1
-        if entry[1] == 0:
-            del self._out[id(obj)]
         self._in_use -= 1
         return True
 
@@ -340,10 +360,10 @@ class ObjectPool(Generic[T]):
         """
         self._put(obj, False)
 
-    def _put(self, obj, missing_ok):
+    def _put(self, obj, missing_ok, ticket=None):
         reset = self._reset
         with self._lock:
-            if not self._take_back_locked(obj, missing_ok):
+            if not self._take_back_locked(obj, missing_ok, ticket):
                 return
             self._puts += 1
             if reset is None or self._closed:
@@ -431,12 +451,13 @@ class ObjectPool(Generic[T]):
     @contextmanager
     def borrow(self, timeout: Optional[float] = 0.0) -> Iterator[T]:
         """Context manager: get(timeout) an object and put() it back on exit
-        (unless it was put back or discarded inside the block)."""
-        obj = self.get(timeout)
+        (unless it was put back or discarded inside the block: then the exit
+        leaves it alone, also when another user has got it since)."""
+        obj, ticket = self._get(timeout)
         try:
             yield obj
         finally:
-            self._put(obj, True)
+            self._put(obj, True, ticket)
 
     # -- asyncio -----------------------------------------------------------
     async def get_async(self, timeout: Optional[float] = None) -> T:
@@ -449,6 +470,10 @@ class ObjectPool(Generic[T]):
         Cancelling the waiting task takes nothing from the pool. The factory
         runs in the event loop's thread when a new object is needed.
         """
+        return (await self._get_async(timeout))[0]
+
+    async def _get_async(self, timeout):
+        """get_async(): the object and the ticket of its hand-out."""
         import asyncio
 
         t = _timeout_arg(timeout)
@@ -461,7 +486,7 @@ class ObjectPool(Generic[T]):
                 if obj is _MAY_CREATE:
                     fut = None
                 elif obj is not _AT_CAPACITY:
-                    return obj
+                    return obj, self._tickets
                 else:
                     if deadline is not None and loop.time() >= deadline:
                         if waited:
@@ -489,12 +514,13 @@ class ObjectPool(Generic[T]):
     async def borrow_async(self, timeout: Optional[float] = None) -> AsyncIterator[T]:
         """Async context manager: ``async with pool.borrow_async() as obj:``
         awaits get_async(timeout) and puts the object back on exit (unless
-        it was put back or discarded inside the block)."""
-        obj = await self.get_async(timeout)
+        it was put back or discarded inside the block: then the exit leaves
+        it alone, also when another user has got it since)."""
+        obj, ticket = await self._get_async(timeout)
         try:
             yield obj
         finally:
-            self._put(obj, True)
+            self._put(obj, True, ticket)
 
     # -- dropping ----------------------------------------------------------
     def clear(self) -> int:

@@ -155,6 +155,11 @@ def test_borrow_async():
             assert obj == []
             pool.discard(obj)                            # broken: not put back
         assert closed == [obj] and pool.idle == 0
+        async with pool.borrow_async() as obj:
+            pool.put(obj)                                # put back inside, and got by another
+            again = await pool.get_async()
+        assert again is obj and pool.in_use == 1         # the exit left it with its new user
+        pool.put(again)
 
     asyncio.run(main())
 

@@ -348,6 +348,37 @@ def test_discard_inside_borrow_is_not_put_back():
     assert pool.idle == 1
 
 
+def test_borrow_does_not_put_back_what_another_user_got_since():
+    """Put back inside the block and got again by someone else: the block's
+    exit leaves it with them; it is not handed out twice."""
+    pool = kpool.ObjectPool(list)
+    with pool.borrow() as obj:
+        pool.put(obj)
+        again = pool.get()
+        assert again is obj
+    assert pool.in_use == 1 and pool.idle == 0
+    other = pool.get()
+    assert other is not again           # not handed to two users at once
+    pool.put(again)
+    pool.put(other)
+    assert pool.in_use == 0 and pool.idle == 2
+
+
+def test_borrow_of_an_object_the_factory_hands_out_twice():
+    """A factory that returns one shared object, borrowed twice: put() inside
+    takes back the latest hand-out (the inner borrow's), so the inner exit
+    puts nothing and the outer exit puts back its own: two puts in all."""
+    shared = []
+    pool = kpool.ObjectPool(lambda: shared, max_idle=0)
+    with pool.borrow() as a:
+        with pool.borrow() as b:
+            assert a is b is shared and pool.in_use == 2
+            pool.put(a)                 # one of the two hand-outs
+            assert pool.in_use == 1
+        assert pool.in_use == 1         # the inner borrow's was the one put back
+    assert pool.in_use == 0 and pool.stats()["puts"] == 2
+
+
 def test_close_callback_for_every_object_the_pool_drops():
     closed = []
 
