@@ -6,8 +6,10 @@ that finds a pool at capacity starts one thread for that pool; it waits in
 pool.acquire() (the GIL released, woken by every release) and hands each
 Block it gets to the oldest coroutine still waiting, through that
 coroutine's loop (call_soon_threadsafe). The thread ends as soon as no
-coroutine waits on its pool. A coroutine that was cancelled or timed out
-before its Block arrived releases it, so nothing leaks.
+coroutine waits on its pool: the last waiter to stop waiting (cancelled,
+timed out) interrupts the thread's acquire (BufferPool._interrupt_waits),
+so it takes no buffer that nobody awaits. A coroutine whose Block arrived
+as it was cancelled releases it, so nothing leaks.
 
 Invariants (under _lock): _helpers holds a helper exactly while its thread
 runs; a helper's waiters are the coroutines registered on it, in order,
@@ -61,8 +63,9 @@ class _Helper:
                     return
                 # wait as long as the most patient waiter (its own timer fails the others)
                 timeout = None if any(w.deadline is None for w in live) else max(w.deadline for w in live) - now
+                since = pool._interrupts      # a waiter that stops after this interrupts the acquire
             try:
-                block = pool.acquire(timeout=timeout)
+                block = pool._acquire_interruptible(timeout, since)
             except PoolExhausted:
                 continue
             except BaseException as e:     # closed pool (ValueError), MemoryError
@@ -71,7 +74,8 @@ class _Helper:
                 for w in waiters:
                     self._call(w, w.fail, e)
                 continue
-            self._deliver(block)
+            if block is not None:             # None: interrupted, look at the waiters again
+                self._deliver(block)
 
     def _deliver(self, block):
         while True:
@@ -139,7 +143,11 @@ async def acquire_async(self, timeout=None):
             fut.result().release()         # it arrived as we were cancelled
         raise
     finally:
-        w.active = False
+        with _lock:
+            w.active = False
+            helper = _helpers.get(id(self))
+            if helper is not None and not any(x.active for x in helper.waiters):
+                self._interrupt_waits()       # nobody else waits: the helper's acquire ends now
         if timer is not None:
             timer.cancel()
 

@@ -203,6 +203,37 @@ def test_many_coroutines_and_threads_share_an_objectpool():
     assert s["gets"] == s["puts"] == 50 * 11 and s["in_use"] == 0 and s["created"] <= cap
 
 
+def test_the_helper_ends_when_its_only_waiter_is_cancelled():
+    """_aio: the helper thread ends as soon as no coroutine waits, without a
+    release to wake it, and takes nothing from the pool: a buffer released
+    afterwards is there for acquire(timeout=0) at once."""
+    from kpool import _aio
+    pool = kpool.BufferPool(64, capacity=1)
+
+    async def main():
+        held = pool.acquire()
+        waiter = asyncio.create_task(pool.acquire_async())
+        await asyncio.sleep(0.05)
+        assert len(_aio._helpers) == 1
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        return held
+
+    held = asyncio.run(main())
+    for _ in range(200):                 # the thread notices within one wait slice
+        if not _aio._helpers and not any(t.name == "kpool-acquire-async" for t in threading.enumerate()):
+            break
+        time.sleep(0.01)
+    assert not _aio._helpers
+    assert not any(t.name == "kpool-acquire-async" for t in threading.enumerate())
+    held.release()
+    again = pool.acquire(timeout=0)      # nobody took it in between
+    assert pool.in_use == 1 and pool.stats()["waits"] == 1
+    again.release()
+    pool.close()
+
+
 def test_many_coroutines_share_a_bufferpool():
     pool = kpool.BufferPool(128, capacity=2)
 

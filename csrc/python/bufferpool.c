@@ -56,7 +56,7 @@ void kpy_bufferpool_wake(kpy_bufferpool *self) {
 }
 
 /* Why an acquire got no buffer (raised after mu is released). */
-enum { GOT = 0, E_CLOSED, E_NO_CHUNK, E_EXHAUSTED, E_TIMED_OUT, E_RAISED };
+enum { GOT = 0, E_CLOSED, E_NO_CHUNK, E_EXHAUSTED, E_TIMED_OUT, E_RAISED, E_INTERRUPTED };
 
 /* Raise the exception for why (E_RAISED: set already). Returns NULL. */
 static PyObject *acquire_error(kpy_bufferpool *self, int why) {
@@ -113,11 +113,13 @@ static void wait_for_release(kpy_bufferpool *self, uint64_t snap, int64_t until_
 }
 
 /* One block from the pool after kp_pool_alloc just failed (errno says why),
- * waiting as the timeout says. Returns the block, or NULL with *why set.
+ * waiting as the timeout says; with interrupt_at, also giving up once
+ * interrupts differs from it. Returns the block, or NULL with *why set.
  * REQUIRES: pool open; mu held where KPY_FT (dropped around the waits and
  * the signal check: the pool may be closed when it returns NULL), the GIL
  * otherwise. */
-__attribute__((noinline)) static char *take_block_slow(kpy_bufferpool *self, double timeout, int forever, int *why) {
+__attribute__((noinline)) static char *take_block_slow(kpy_bufferpool *self, double timeout, int forever,
+                                                       const uint64_t *interrupt_at, int *why) {
     char *p = NULL;
     if (errno != ENOBUFS) return *why = E_NO_CHUNK, NULL;
     if (!forever && timeout <= 0.0) return *why = E_EXHAUSTED, NULL;
@@ -127,6 +129,10 @@ __attribute__((noinline)) static char *take_block_slow(kpy_bufferpool *self, dou
     int64_t deadline = forever ? INT64_MAX : now_ns() + (int64_t)(timeout * 1e9);
     self->waiters++;
     for (;;) {
+        if (interrupt_at && self->interrupts != *interrupt_at) {   /* before taking a buffer nobody awaits */
+            *why = E_INTERRUPTED;
+            break;
+        }
         uint64_t snap = self->seq;
         p = kp_pool_alloc(self->pool);
         if (p) break;
@@ -172,6 +178,8 @@ static inline int count_acquire(kpy_bufferpool *self) {
     return was_idle;
 }
 
+static PyObject *acquire_block(kpy_bufferpool *self, double timeout, int forever, const uint64_t *interrupt_at);
+
 static PyObject *bufferpool_acquire(kpy_bufferpool *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     double timeout = 0.0;
     int forever = 0;
@@ -180,20 +188,60 @@ static PyObject *bufferpool_acquire(kpy_bufferpool *self, PyObject *const *args,
         if (kpy_parse_args("acquire", args, nargs, kwnames, acquire_kw, 1, 0, o) < 0) return NULL;
         if (o[0] && kpy_timeout_arg(o[0], &timeout, &forever) < 0) return NULL;
     }
+    return acquire_block(self, timeout, forever, NULL);
+}
+
+/* _acquire_interruptible(timeout, since): acquire(timeout), but None once
+ * _interrupt_waits() was called after `since` (a value of _interrupts) was
+ * read. For acquire_async's helper thread (kpool/_aio.py). */
+static PyObject *bufferpool_acquire_interruptible(kpy_bufferpool *self, PyObject *const *args, Py_ssize_t nargs) {
+    double timeout = 0.0;
+    int forever = 0;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "_acquire_interruptible(timeout, since) takes 2 arguments");
+        return NULL;
+    }
+    if (kpy_timeout_arg(args[0], &timeout, &forever) < 0) return NULL;
+    unsigned long long since = PyLong_AsUnsignedLongLong(args[1]);
+    if (since == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    uint64_t at = (uint64_t)since;
+    return acquire_block(self, timeout, forever, &at);
+}
+
+/* Make every interruptible acquire in progress give up (None). */
+static PyObject *bufferpool_interrupt_waits(kpy_bufferpool *self, PyObject *unused) {
+    kpy_ft_lock(&self->mu);
+    self->interrupts++;
+    if (self->waiters > 0) kpy_bufferpool_wake(self);
+    kpy_ft_unlock(&self->mu);
+    Py_RETURN_NONE;
+}
+
+static PyObject *get_interrupts(kpy_bufferpool *self, void *c) {
+    kpy_ft_lock(&self->mu);
+    uint64_t n = self->interrupts;
+    kpy_ft_unlock(&self->mu);
+    return PyLong_FromUnsignedLongLong(n);
+}
+
+static PyObject *acquire_block(kpy_bufferpool *self, double timeout, int forever, const uint64_t *interrupt_at) {
     char *p = NULL;
     int why = GOT;
     kpy_ft_lock(&self->mu);
     if (is_closed(self)) {
         why = E_CLOSED;
+    } else if (interrupt_at && self->interrupts != *interrupt_at) {
+        why = E_INTERRUPTED;
     } else {
         p = kp_pool_alloc(self->pool);  /* the fast path: a free buffer at hand */
-        if (!p) p = take_block_slow(self, timeout, forever, &why);
+        if (!p) p = take_block_slow(self, timeout, forever, interrupt_at, &why);
     }
 #if KPY_FT
     /* counted in the same hold as the kp_pool_alloc, so close() sees it */
     int was_idle = p ? count_acquire(self) : 0;
 #endif
     kpy_ft_unlock(&self->mu);
+    if (!p && why == E_INTERRUPTED) Py_RETURN_NONE;
     if (!p) return acquire_error(self, why);
     if (self->zero) memset(p, 0, (size_t)self->buffer_size);
     PyObject *b = kpy_block_new(self->block_type, p, self->buffer_size, KPY_POOL, (PyObject *)self, 0, &self->spare);
@@ -548,6 +596,12 @@ static void bufferpool_dealloc(kpy_bufferpool *self) {
 }
 
 static PyMethodDef bufferpool_methods[] = {
+    {"_acquire_interruptible", (PyCFunction)(void (*)(void))bufferpool_acquire_interruptible, METH_FASTCALL,
+     "_acquire_interruptible($self, timeout, since, /)\n--\n\n"
+     "acquire(timeout) that returns None once _interrupt_waits() is called after\n"
+     "_interrupts read `since` (internal: acquire_async's helper thread)."},
+    {"_interrupt_waits", (PyCFunction)(void (*)(void))bufferpool_interrupt_waits, METH_NOARGS,
+     "_interrupt_waits($self, /)\n--\n\nMake the _acquire_interruptible calls in progress return None (internal)."},
     {"acquire", (PyCFunction)(void (*)(void))bufferpool_acquire, METH_FASTCALL | METH_KEYWORDS,
      "acquire($self, /, timeout=0.0)\n--\n\n"
      "Return a Block of buffer_size bytes from the pool.\n\n"
@@ -582,6 +636,7 @@ static PyGetSetDef bufferpool_getset[] = {
     {"buffer_size", (getter)get_buffer_size, NULL, "Size in bytes of each buffer.", NULL},
     {"capacity", (getter)get_capacity, NULL, "Most buffers in use at once, or None when unbounded.", NULL},
     {"in_use", (getter)get_in_use, NULL, "Buffers acquired and not yet released.", NULL},
+    {"_interrupts", (getter)get_interrupts, NULL, "How many times _interrupt_waits() was called (internal).", NULL},
     {"idle", (getter)get_idle, NULL,
      "Buffers released (or preallocated) and kept for reuse; after trim(), those\n"
      "its kept chunks hold (counted by the pool's free blocks: at most as many as before).", NULL},

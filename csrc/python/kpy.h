@@ -325,6 +325,8 @@ typedef struct {
      * under mu) */
     int waiters;
     uint64_t seq;
+    uint64_t interrupts;    /* _interrupt_waits() calls (under mu where KPY_FT, else the GIL): an
+                               interruptible acquire (acquire_async's helper) gives up once it moves */
     kpy_mutex mu;
     pthread_cond_t cv;
     kpy_spare spare;        /* a dead Block of this pool's memory, for acquire() */
