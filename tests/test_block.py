@@ -313,6 +313,7 @@ def test_resize_refused_while_a_view_is_alive():
 
 
 @pytest.mark.parametrize("bad,exc", [(-1, ValueError), (-(1 << 70), ValueError), (1 << 64, OverflowError),
+                                     (1 << 63, OverflowError), ((1 << 63) - 1, MemoryError),
                                      ("10", TypeError), (1.0, TypeError), (None, TypeError)])
 def test_resize_bad_sizes(bad, exc):
     b = kpool.malloc(16)

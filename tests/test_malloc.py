@@ -102,8 +102,10 @@ def test_malloc_beyond_address_space():
         kpool.malloc(1 << 70)
     with pytest.raises(OverflowError):
         kpool.malloc(1 << 64)
-    with pytest.raises((MemoryError, OverflowError)):
-        kpool.malloc(sys.maxsize)
+    with pytest.raises(OverflowError):
+        kpool.malloc(1 << 63)                 # the docstring's boundary: not a Py_ssize_t
+    with pytest.raises(MemoryError):
+        kpool.malloc(sys.maxsize)             # a Py_ssize_t, beyond the address space
     with pytest.raises(MemoryError):
         kpool.malloc(1 << 60)
     with pytest.raises(MemoryError):

@@ -65,6 +65,21 @@ def test_plugin_is_registered_through_the_entry_point(pytester):
     assert "--kpool-report" not in result.stdout.str()
 
 
+def test_loading_the_plugin_maps_no_kpool_memory(pytester):
+    """The plugin's docstring: loading it imports kpool (its C core), and the
+    core's heap maps nothing until something allocates from it."""
+    pytester.makepyfile("""
+        import sys
+
+        def test_nothing_allocated_yet():
+            assert "kpool._core" in sys.modules      # the plugin imported it
+            s = sys.modules["kpool"].stats()
+            assert s["bytes_mapped"] == 0 and s["allocs"] == 0, s
+    """)
+    result = pytester.runpytest_subprocess()
+    result.assert_outcomes(passed=1)
+
+
 def test_without_options_nothing_is_reported(pytester):
     pytester.makepyfile(LEAKY)
     result = pytester.runpytest()

@@ -588,8 +588,8 @@ static PyMethodDef block_methods[] = {
      "initialised. Raises BufferError while a memoryview or other export is\n"
      "alive, TypeError for a BufferPool buffer or an Arena block (their size is\n"
      "fixed), ValueError for a negative size or a released Block, OverflowError\n"
-     "beyond the address space and MemoryError (the Block unchanged) when out\n"
-     "of memory."},
+     "for a size of 2**63 or more (not a Py_ssize_t) and MemoryError (the Block\n"
+     "unchanged) when out of memory or address space."},
     {"__enter__", (PyCFunction)(void (*)(void))block_enter, METH_NOARGS, "Return the block itself."},
     {"__exit__", (PyCFunction)(void (*)(void))block_exit, METH_VARARGS, "Release the block."},
     {NULL, NULL, 0, NULL},
@@ -612,8 +612,8 @@ PyDoc_STRVAR(block_doc,
 "constructible directly. Supports the buffer protocol (memoryview, bytes(b),\n"
 "numpy.frombuffer, file.readinto, socket.recv_into), len(b), indexing like\n"
 "a bytearray of fixed size (b[i] is an int, b[i:j] and b[i:j:k] are bytes;\n"
-"b[i] = 65 and b[i:j] = b'...' of the same length write, anything that\n"
-"would change the size raises ValueError), weak references, release() and\n"
+"b[i] = 65 and b[i:j] = b'...' of the same length write; a slice assignment\n"
+"of another length raises ValueError, del b[...] TypeError), weak references, release() and\n"
 "the context-manager protocol (released on exit). Heap Blocks can be\n"
 "resize()d. A Block that is garbage collected is released. Any use after\n"
 "release raises ValueError.");

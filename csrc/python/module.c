@@ -730,7 +730,8 @@ PyDoc_STRVAR(malloc_doc,
 "Allocate size bytes from kpool's heap and return them as a kpool.Block.\n"
 "zero=True zeroes the memory. malloc(0) returns an empty Block. Raises\n"
 "TypeError for a non-int size, ValueError for a negative one, OverflowError\n"
-"beyond the address space and MemoryError when out of memory.");
+"for 2**63 or more (not a Py_ssize_t) and MemoryError when out of memory or\n"
+"address space.");
 PyDoc_STRVAR(stats_doc,
 "stats($module, /)\n--\n\n"
 "A process-wide snapshot of the allocator's statistics as a dict: bytes_in_use,\n"
