@@ -389,24 +389,33 @@ size_t kp_usable_size(const void *p) {
 
 int kp_owns(const void *p) { return _kp_pagemap_class(p) != 0; }
 
+/* The size requested for a block being reallocated: told by
+ * kp_realloc_sized, or not (kp_realloc). */
+#define UNTOLD SIZE_MAX
+
+static void free_told(void *p, size_t told) {
+    if (told == UNTOLD) kp_free(p);
+    else kp_free_sized(p, told);
+}
+
 /* Move a block of `usable` bytes at p to a fresh one of size bytes. */
-static void *realloc_move(void *p, size_t usable, size_t size) {
+static void *realloc_move(void *p, size_t usable, size_t size, size_t told) {
     void *q = kp_malloc(size);
     if (!q) return NULL;
     memcpy(q, p, size < usable ? size : usable);
-    kp_free(p);
+    free_told(p, told);
     return q;
 }
 
 /* kp_realloc(p, 0) of a valid p: p is freed and the unique pointer of
  * kp_malloc(0) comes back (NULL, p untouched, if that fails). */
-static void *realloc_to_zero(void *p) {
+static void *realloc_to_zero(void *p, size_t told) {
     void *fresh = kp_malloc(0);
-    if (fresh) kp_free(p);
+    if (fresh) free_told(p, told);
     return fresh;
 }
 
-static void *small_realloc(void *p, unsigned cls, size_t size) {
+static void *small_realloc(void *p, unsigned cls, size_t size, size_t told) {
     /* A freed block carries the free mark: realloc of it is misuse, and
      * nothing is freed or allocated (it may sit on a free list). */
     if (KP_UNLIKELY(_kp_is_marked(p))) {
@@ -414,19 +423,20 @@ static void *small_realloc(void *p, unsigned cls, size_t size) {
         errno = EINVAL;
         return NULL;
     }
-    if (size == 0) return realloc_to_zero(p);
+    if (size == 0) return realloc_to_zero(p, told);
     size_t usable = _kp_classes[cls].size;
-    /* Keep the block unless it would waste more than half of it. The old
-     * request is not known: it counts as a free of untold size. */
+    /* Keep the block unless it would waste more than half of it. An old
+     * request kp_realloc does not know counts as a free of untold size. */
     if (size <= usable && (size > usable / 2 || cls == 1)) {
         kp_tcache *tc = _kp_tcache_mine();
         if (tc) {
             KP_STAT_BUMP(tc->lists[cls].requested, size);
-            KP_STAT_BUMP(tc->moves[cls].unsized_frees, 1);
+            if (told == UNTOLD) KP_STAT_BUMP(tc->moves[cls].unsized_frees, 1);
+            else KP_STAT_DROP(tc->lists[cls].requested, told);
         }
         return p;
     }
-    return realloc_move(p, usable, size);
+    return realloc_move(p, usable, size, told);
 }
 
 /* A large block changes size without a copy: it keeps its pages while the
@@ -434,7 +444,7 @@ static void *small_realloc(void *p, unsigned cls, size_t size) {
  * the free pages after it, or its pages move (mremap) to a range with room
  * to spare (half again), so growing step by step is not quadratic. A copy
  * happens only if the move fails, or the block becomes small. */
-static void *large_realloc(void *p, size_t size) {
+static void *large_realloc(void *p, size_t size, size_t told) {
     kp_lock *lk = _kp_pageheap_lock();
     _kp_lock(lk);
     kp_span *s = large_span_locked(p);
@@ -449,13 +459,13 @@ static void *large_realloc(void *p, size_t size) {
      * tell valgrind themselves; a block kept with its pages changes nothing. */
     if (s->guarded) {                         /* a guarded block keeps its guard: a new block */
         _kp_unlock(lk);
-        return size == 0 ? realloc_to_zero(p) : realloc_move(p, usable, size);
+        return size == 0 ? realloc_to_zero(p, told) : realloc_move(p, usable, size, told);
     }
     size_t npages = (size + KP_PAGE_SIZE - 1) >> KP_PAGE_SHIFT;
     int kept = size != 0 && npages <= s->npages && npages > s->npages / 2;
     if (!kept && size <= KP_SMALL_MAX) {      /* a small block now, or none */
         _kp_unlock(lk);
-        return size == 0 ? realloc_to_zero(p) : realloc_move(p, usable, size);
+        return size == 0 ? realloc_to_zero(p, told) : realloc_move(p, usable, size, told);
     }
     if (!kept) kept = _kp_pageheap_large_resize_locked(s, npages) == 0;
     if (!kept && npages > s->npages) kept = _kp_pageheap_large_move_locked(s, npages + npages / 2) == 0;
@@ -467,19 +477,22 @@ static void *large_realloc(void *p, size_t size) {
         return at;
     }
     _kp_unlock(lk);
-    return realloc_move(p, usable, size);
+    return realloc_move(p, usable, size, told);
 }
 
-void *kp_realloc(void *p, size_t size) {
+static void *realloc_told(void *p, size_t size, size_t told) {
     if (!p) return kp_malloc(size);
     unsigned cls = _kp_pagemap_class(p);
-    if (small_class_ok(cls)) return small_realloc(p, cls, size);
-    if (cls == KP_CLASS_LARGE) return large_realloc(p, size);
+    if (small_class_ok(cls)) return small_realloc(p, cls, size, told);
+    if (cls == KP_CLASS_LARGE) return large_realloc(p, size, told);
     /* Pools, arenas, freed or foreign memory: nothing happens. */
     _kp_error("kp_realloc", p, cls == 0 ? "pointer is not a live kp_malloc block" : not_live_reason(p, cls));
     errno = EINVAL;
     return NULL;
 }
+
+void *kp_realloc(void *p, size_t size) { return realloc_told(p, size, UNTOLD); }
+void *kp_realloc_sized(void *p, size_t old_size, size_t size) { return realloc_told(p, size, old_size); }
 
 void *kp_aligned_alloc(size_t alignment, size_t size) {
     if (!_kp_is_pow2(alignment)) {

@@ -46,7 +46,9 @@ def numpy_handler():
 
     Its malloc, calloc, realloc and free are kpool's kp_malloc, kp_calloc,
     kp_realloc and kp_free_sized (numpy passes the size to free, so
-    kpool.stats()'s bytes_requested stays exact). numpy's C API
+    kpool.stats()'s bytes_requested stays exact until an array is resized
+    in place: numpy's realloc does not pass the old size, and
+    requested_exact turns False from then on). numpy's C API
     PyDataMem_SetHandler takes it; from Python use kpool.use_for_numpy().
     Raises ImportError without numpy or when kpool was built without it.
     """

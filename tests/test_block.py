@@ -7,7 +7,7 @@ import weakref
 
 import pytest
 
-from conftest import kpool
+from conftest import kpool, run_python
 
 KINDS = ["heap", "pool", "arena"]
 
@@ -299,6 +299,28 @@ def test_resize_moves_the_accounting(no_leak):
     b.resize(1 << 20)
     b.resize(300)
     del b
+
+
+def test_resize_keeps_bytes_requested_exact():
+    """Block.resize's docstring: bytes_requested moves by the size change
+    exactly (kp_realloc_sized), in place, moved, small to large and back, to
+    0; requested_exact stays True. In a fresh interpreter, whose figure is
+    exact to begin with."""
+    proc = run_python("""
+        import kpool
+        a = kpool.stats()
+        assert a["requested_exact"], a
+        b = kpool.malloc(40)
+        for n in (44, 500, 300000, 1000, 0, 7):      # kept, moved, large, small again, empty, small
+            b.resize(n)
+            s = kpool.stats()
+            assert s["bytes_requested"] - a["bytes_requested"] == n, (n, s["bytes_requested"] - a["bytes_requested"])
+            assert s["requested_exact"], n
+        b.release()
+        assert kpool.stats()["bytes_requested"] == a["bytes_requested"]
+        print("ok")
+        """)
+    assert proc.stdout.strip() == "ok", proc.stdout + proc.stderr
 
 
 def test_resize_refused_while_a_view_is_alive():

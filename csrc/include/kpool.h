@@ -148,6 +148,12 @@ KP_API void *kp_calloc(size_t count, size_t size);
  * (a freed small block is told by the hardening's free mark: a KP_HARDEN=0
  * build cannot tell it from a live one). */
 KP_API void *kp_realloc(void *p, size_t size);
+/* kp_realloc for a caller that knows the size requested for p (old_size,
+ * as kp_free_sized's size): kp_stats' bytes_requested then stays exact,
+ * where kp_realloc of a small block makes it an estimate (requested_exact
+ * 0). Everything else, misuse included, is kp_realloc's (and its handler
+ * calls name kp_realloc). */
+KP_API void *kp_realloc_sized(void *p, size_t old_size, size_t size);
 /* alignment must be a power of two (else NULL, errno EINVAL); any power of
  * two up to 1 GiB works. size need not be a multiple of alignment. */
 KP_API void *kp_aligned_alloc(size_t alignment, size_t size);

@@ -494,10 +494,10 @@ static PyObject *block_resize(kpy_block *b, PyObject *arg) {
         exports = b->exports;
     } else if (n != b->size) {
         /* tracemalloc's calls under the lock: the trace must go before
-         * kp_realloc may free the address, which another thread may then
+         * kp_realloc_sized may free the address, which another thread may then
          * take and trace (they run no Python code, take no kpool lock) */
         if (b->traced) kpy_untrack(b->ptr);
-        char *p = kp_realloc(b->ptr, (size_t)n);
+        char *p = kp_realloc_sized(b->ptr, (size_t)b->size, (size_t)n);   /* bytes_requested stays exact */
         if (!p) {
             b->traced = kpy_track(b->ptr, (size_t)b->size) == 0;
             err = NO_MEMORY;  /* the block is left as it was */
@@ -583,7 +583,8 @@ static PyMethodDef block_methods[] = {
      "memoryview or other export of the block is alive."},
     {"resize", (PyCFunction)(void (*)(void))block_resize, METH_O,
      "resize($self, size, /)\n--\n\nChange the size of a heap Block (from kpool.malloc) to size bytes, in\n"
-     "place when kpool can (kp_realloc), else by moving it (the address changes).\n"
+     "place when kpool can (kp_realloc_sized), else by moving it (the address\n"
+     "changes); kpool.stats()'s bytes_requested moves by the size change exactly.\n"
      "The first min(old, new) bytes are kept; bytes past the old size are not\n"
      "initialised. Raises BufferError while a memoryview or other export is\n"
      "alive, TypeError for a BufferPool buffer or an Arena block (their size is\n"

@@ -280,11 +280,43 @@ static void test_print(void) {
     fclose(f);
 }
 
+/* kpool.h: kp_realloc_sized keeps bytes_requested exact (kept in place,
+ * moved, to 0); kp_realloc of a small block makes it an estimate. In a child. */
+static void test_realloc_sized_keeps_requested_exact(void) {
+    pid_t pid = fork();
+    if (pid == 0) {
+        kp_stats a = snap();
+        if (a.requested_exact != 1) _exit(10);
+        char *p = kp_malloc(40);
+        char *q = kp_realloc_sized(p, 40, 44);       /* kept: the 48-byte class */
+        char *r = kp_realloc_sized(q, 44, 500);      /* moved to another class */
+        char *big = kp_realloc_sized(kp_malloc(100), 100, 300000);   /* small to large */
+        kp_stats b = snap();
+        if (q != p || r == q || !big) _exit(11);
+        if (b.requested_exact != 1) _exit(12);
+        if (b.bytes_requested - a.bytes_requested != 500 + 300000) _exit(13);
+        char *z = kp_realloc_sized(r, 500, 0);       /* freed: the unique pointer of size 0 */
+        kp_free_sized(z, 0);
+        kp_free_sized(big, 300000);
+        kp_stats c = snap();
+        if (c.requested_exact != 1 || c.bytes_requested != a.bytes_requested) _exit(14);
+        char *u = kp_realloc(kp_malloc(40), 44);     /* untold: an estimate from now on */
+        kp_free_sized(u, 44);
+        if (snap().requested_exact != 0) _exit(15);
+        _exit(0);
+    }
+    int status = 0;
+    CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status));
+    CHECK_EQ(WEXITSTATUS(status), 0);
+}
+
 int main(void) {
     _kp_init();
     RUN(test_versioned_struct);
     RUN(test_counts_and_gauges);
     RUN(test_unsized_free_without_a_cache_is_an_estimate);
+    RUN(test_realloc_sized_keeps_requested_exact);
     RUN(test_metadata_counts_the_pagemap);
     RUN(test_stats_read_while_threads_move_blocks);
     RUN(test_requested_and_internal_fragmentation);
