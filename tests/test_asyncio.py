@@ -287,3 +287,18 @@ def test_close_fails_waiting_coroutines():
             pool.close()
 
     asyncio.run(main())
+
+
+def test_get_async_runs_the_factory_in_the_loop_thread():
+    """ObjectPool.get_async's docstring: the factory runs in the event
+    loop's thread when a new object is needed."""
+    threads = []
+    pool = kpool.ObjectPool(lambda: threads.append(threading.get_ident()) or object())
+
+    async def main():
+        obj = await pool.get_async()
+        pool.put(obj)
+        return threading.get_ident()
+
+    loop_thread = asyncio.run(main())
+    assert threads == [loop_thread]

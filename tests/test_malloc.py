@@ -398,3 +398,36 @@ def test_out_of_memory_under_rlimit_as():
         print('OK')
         """)
     assert proc.stdout.strip().endswith("OK")
+
+
+def test_live_blocks_counts_each_kind_until_release_collect_or_reset():
+    """kpool._core.live_blocks(): (heap, pool, arena) Blocks holding memory now;
+    a failed malloc or an exhausted pool adds nothing."""
+    gc.collect()
+    base = kpool._core.live_blocks()
+
+    def delta():
+        return tuple(n - b for n, b in zip(kpool._core.live_blocks(), base))
+
+    heap = kpool.malloc(10)
+    pool = kpool.BufferPool(64, capacity=1)
+    buf = pool.acquire()
+    arena = kpool.Arena()
+    a1, a2 = arena.alloc(10), arena.alloc(20)
+    assert delta() == (1, 1, 2)
+    with pytest.raises(MemoryError):
+        kpool.malloc(1 << 60)
+    with pytest.raises(kpool.PoolExhausted):
+        pool.acquire()
+    heap.resize(100000)
+    assert delta() == (1, 1, 2)
+    a1.release()
+    assert delta() == (1, 1, 1)
+    arena.reset()
+    assert delta() == (1, 1, 0)
+    buf.release()
+    del heap
+    gc.collect()
+    assert delta() == (0, 0, 0)
+    del a2
+    pool.close()

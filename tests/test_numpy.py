@@ -409,3 +409,28 @@ def test_numpy_multiarray_with_the_handler(tmp_path):
     """All of numpy's test_multiarray (about 14000 tests, minutes)."""
     counts = run_numpy_tests(tmp_path, timeout=1800)
     assert counts["passed"] >= 10000
+
+
+def test_set_handler_checks_its_argument_and_returns_the_previous_one():
+    """kpool._numpy.set_handler: TypeError for anything but a "mem_handler"
+    capsule or None; returns the handler it replaced; None is numpy's default."""
+    from kpool import _numpy
+
+    for bad in (1, "kpool", object()):
+        with pytest.raises(TypeError):
+            _numpy.set_handler(bad)
+    before = get_handler_name()
+    prev = _numpy.set_handler(kpool.numpy_handler())
+    try:
+        assert get_handler_name() == "kpool"
+        assert _numpy.set_handler(kpool.numpy_handler()) is not None
+        assert get_handler_name() == "kpool"
+    finally:
+        _numpy.set_handler(prev)
+    assert get_handler_name() == before
+    prev2 = _numpy.set_handler(None)
+    try:
+        assert get_handler_name() == "default_allocator"
+    finally:
+        _numpy.set_handler(prev2)
+    assert get_handler_name() == before

@@ -46,6 +46,14 @@ def test_python_dash_m_kpool_demo_runs():
     assert help_.returncode == 0 and "python -m kpool bench" in help_.stdout
 
 
+def test_python_dash_m_kpool_unknown_command_exits_2():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = KPOOL_PARENT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    proc = subprocess.run([sys.executable, "-m", "kpool", "no-such-command"], capture_output=True, text=True,
+                          timeout=60, env=env, cwd="/")
+    assert proc.returncode == 2 and "no-such-command" in proc.stderr, proc.stderr
+
+
 def test_setup_makes_a_virtual_environment_first():
     text = README.read_text()
     setup = text[text.index("## Set up"):text.index("## A short tour")]
