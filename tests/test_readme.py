@@ -1,5 +1,5 @@
 """README.md: every ```python block runs as written, `python -m kpool`
-(the demonstration) exits 0, the set-up steps include a virtual
+(the demonstration) exits 0, the ```c block builds and runs, the set-up steps include a virtual
 environment, and the benchmark table names the allocators as bench does."""
 import os
 import re
@@ -78,3 +78,24 @@ def test_to_pandas_comes_with_the_bench_extra():
     pyproject = (ROOT / "pyproject.toml").read_text()
     bench_extra = re.search(r"^bench = \[(.*)\]$", pyproject, flags=re.M).group(1)
     assert '"pandas"' in bench_extra
+
+
+def test_readme_c_block_compiles_and_runs(tmp_path):
+    """README's ```c block, inside a main(), built against get_include() and
+    get_library() with -Wall -Wextra -Werror, runs and exits 0."""
+    import shutil
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        pytest.skip("no C compiler")
+    blocks = re.findall(r"^```c\n(.*?)^```$", README.read_text(), flags=re.S | re.M)
+    assert len(blocks) == 1
+    src = tmp_path / "readme.c"
+    src.write_text("#include <kpool.h>\n\nint main(void) {\n" + blocks[0] +
+                   "    kp_pool_destroy(pool);\n    return st.allocs >= 1 ? 0 : 1;\n}\n")
+    exe = tmp_path / "readme"
+    libdir = os.path.dirname(kpool.get_library())
+    subprocess.run([cc, "-std=c11", "-Wall", "-Wextra", "-Werror", "-I", kpool.get_include(), str(src), "-o",
+                    str(exe), os.path.join(libdir, "libkpool.so"), "-Wl,-rpath," + libdir], check=True)
+    proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
