@@ -112,7 +112,8 @@ class use_for_numpy:
     threading from then on. It stays until ``.restore()`` on the returned
     object (or the end of a ``with`` around it), which puts the previous
     handler back in the calling context and stops handing it to new
-    threads; threads already started keep it. Threads that are already
+    threads; threads already started keep it. A restored object cannot be
+    used again: ``with`` on it raises RuntimeError. Threads that are already
     running, or started with _thread.start_new_thread, keep their handler.
 
     Needs numpy 1.22 or newer; ImportError without it.
@@ -129,6 +130,9 @@ class use_for_numpy:
     # ---- per-context (the default) ------------------------------------------
     def __enter__(self):
         if self._global:
+            if not self._active:
+                raise RuntimeError("use_for_numpy(global_=True) was restored; "
+                                   "make a new one to put kpool's handler back")
             return self
         ext = self._ext
         old = ext.set_handler(ext.handler())

@@ -300,6 +300,11 @@ def test_global_mode_reaches_new_threads_and_tasks_and_restores():
         with kpool.use_for_numpy(global_=True):
             print("with-global", get_handler_name(), in_thread())
         print("end", get_handler_name(), in_thread(), repr(g))
+        try:
+            with g:
+                pass
+        except RuntimeError as e:
+            print("reenter", "RuntimeError", get_handler_name())
         """)
     d = {line.split()[0]: line.split()[1:] for line in proc.stdout.splitlines()}
     default = d["before"][0]
@@ -310,6 +315,7 @@ def test_global_mode_reaches_new_threads_and_tasks_and_restores():
     assert d["restored"] == [default, default]
     assert d["with-global"] == ["kpool", "kpool"]
     assert d["end"][:2] == [default, default] and "restored" in " ".join(d["end"])
+    assert d["reenter"] == ["RuntimeError", default]
 
 
 def test_import_kpool_without_numpy():

@@ -79,6 +79,15 @@ def test_huge_values():
         kpool.stress("mixed", threads=1 << 40)
 
 
+def test_seed_outside_64_bits_is_an_overflow_error_and_its_ends_are_taken():
+    for bad in (-1, 1 << 64, -(1 << 70)):
+        with pytest.raises(OverflowError, match="seed"):
+            kpool.stress("pairs", threads=1, ops=100, seed=bad)
+    for ok in (0, (1 << 64) - 1, True):
+        r = kpool.stress("random", threads=1, ops=100, seed=ok)
+        assert r["ops"] == 100 and r["seed"] == ok
+
+
 def test_ctrl_c_stops_the_workers():
     proc = run_python(
         """

@@ -583,9 +583,15 @@ static PyObject *kpy_stress(PyObject *module, PyObject *args, PyObject *kwds) {
         }
         PyObject *v = PyNumber_Index(o_seed);
         if (!v) return NULL;
-        seed = PyLong_AsUnsignedLongLongMask(v);
+        seed = PyLong_AsUnsignedLongLong(v);
         Py_DECREF(v);
-        if (seed == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+        if (seed == (unsigned long long)-1 && PyErr_Occurred()) {
+            if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
+                PyErr_Clear();
+                PyErr_SetString(PyExc_OverflowError, "seed must be in 0..2**64-1");
+            }
+            return NULL;
+        }
     }
 #ifndef KPOOL_HAVE_STRESS
     (void)verify;
@@ -755,7 +761,7 @@ PyDoc_STRVAR(stress_doc,
 "ops=1000000: operations over all threads (frag: small blocks).\n"
 "allocator='kpool': kpool, kpool-pool (fixed pools, pairs only), system\n"
 "    (this process's malloc) or null (the driver's own cost).\n"
-"seed=1: the random generator's seed.\n"
+"seed=1: the random generator's seed, 0..2**64-1 (OverflowError outside).\n"
 "verify=True: stamp every block and check it before it is freed; damaged\n"
 "    or overlapping blocks raise kpool.CorruptionError.\n"
 "size=0: the block size of pairs (0 = 32 bytes).\n"
