@@ -59,7 +59,7 @@ static kp_span *new_span(kp_central *c, unsigned cls) {
     if (!s) return NULL;
     s->sizeclass = (uint8_t)cls;
     s->capacity = ci->objects;
-    s->carved = 0;
+    __atomic_store_n(&s->carved, 0, __ATOMIC_RELEASE);   /* read lock-free by kp_usable_size */
     s->allocated = 0;
     s->freelist = s->freelist_tail = NULL;
     s->mesh_primary = s->mesh_next = s->group_next = s->group_prev = NULL;
@@ -156,7 +156,7 @@ unsigned _kp_central_fetch(unsigned cls, unsigned n, unsigned room, void **head_
                 }
                 _kp_mark_free(last);
                 APPEND(first, last);
-                s->carved += k;
+                __atomic_store_n(&s->carved, s->carved + k, __ATOMIC_RELEASE);   /* after the marks */
                 s->allocated += k;
                 got += k;
                 continue;
@@ -196,7 +196,7 @@ static void rebuild_freelist(kp_span *s, const uint64_t *live) {
     if (tail) _kp_set_next(tail, NULL);
     s->freelist = head;
     s->freelist_tail = tail;
-    s->carved = s->capacity;
+    __atomic_store_n(&s->carved, s->capacity, __ATOMIC_RELEASE);
 }
 
 /* Put n objects back into their spans. Consecutive objects of one span
@@ -319,7 +319,7 @@ static void merge_accounting(kp_central *c, kp_span *dst, kp_span *src, const ui
     dst->allocated += src->allocated;
     src->allocated = 0;
     src->freelist = src->freelist_tail = NULL;
-    src->carved = src->capacity;
+    __atomic_store_n(&src->carved, src->capacity, __ATOMIC_RELEASE);
     if (src->on_list) partial_remove(src);
     rebuild_freelist(dst, live);
     if (!dst->freelist && dst->on_list) partial_remove(dst);

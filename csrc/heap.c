@@ -63,7 +63,11 @@ static void *vg_alloced(void *p) {
 
 /* ---- debug live bits --------------------------------------------------------- */
 #if KP_DEBUG
-static int debug_mark(void *p, int alloc, const char *call) {
+enum { DEBUG_FREE, DEBUG_ALLOC, DEBUG_CHECK };
+/* DEBUG_ALLOC sets p's live bit, DEBUG_FREE clears it, DEBUG_CHECK only
+ * reads it; -1 (reported) if p is not a block's start, or not live for a
+ * free or a check. */
+static int debug_mark(void *p, int op, const char *call) {
     kp_span *s = _kp_pagemap_get((uintptr_t)p >> KP_PAGE_SHIFT);
     size_t off = (uintptr_t)p - (s->start << KP_PAGE_SHIFT);
     size_t size = _kp_classes[s->sizeclass].size;
@@ -73,17 +77,21 @@ static int debug_mark(void *p, int alloc, const char *call) {
     }
     size_t idx = off / size;
     uint64_t bit = (uint64_t)1 << (idx % 64);
-    if (alloc) {
+    if (op == DEBUG_ALLOC) {
         atomic_fetch_or(&s->live_bits[idx / 64], bit);
-    } else if (!(atomic_fetch_and(&s->live_bits[idx / 64], ~bit) & bit)) {
-        _kp_error(call, p, "double free (block is not live)");
+        return 0;
+    }
+    uint64_t was = op == DEBUG_FREE ? atomic_fetch_and(&s->live_bits[idx / 64], ~bit)
+                                    : atomic_load(&s->live_bits[idx / 64]);
+    if (!(was & bit)) {
+        _kp_error(call, p, op == DEBUG_FREE ? "double free (block is not live)" : "pointer is not a live block");
         return -1;
     }
     return 0;
 }
-#define DEBUG_MARK(p, alloc, call) debug_mark(p, alloc, call)
+#define DEBUG_MARK(p, op, call) debug_mark(p, op, call)
 #else
-#define DEBUG_MARK(p, alloc, call) 0
+#define DEBUG_MARK(p, op, call) 0
 #endif
 
 /* ---- small blocks ---------------------------------------------------------------- */
@@ -139,7 +147,7 @@ static void *small_alloc_slow(unsigned cls, size_t size) {
         return NULL;
     }
     _kp_mark_live(p);
-    (void)DEBUG_MARK(p, 1, "kp_malloc");
+    (void)DEBUG_MARK(p, DEBUG_ALLOC, "kp_malloc");
     return p;
 }
 
@@ -156,7 +164,7 @@ static inline __attribute__((always_inline)) void *small_alloc(unsigned cls, siz
         KP_BUMP(l->count, -1);
         KP_STAT_BUMP(l->allocs, 1);
         KP_STAT_BUMP(l->requested, size);
-        if (KP_DEBUG) (void)DEBUG_MARK(p, 1, "kp_malloc");
+        if (KP_DEBUG) (void)DEBUG_MARK(p, DEBUG_ALLOC, "kp_malloc");
         return p;
     }
     return small_alloc_slow(cls, size);
@@ -211,7 +219,7 @@ static inline __attribute__((always_inline)) void small_free(void *p, unsigned c
         _kp_error(call, p, "size is larger than the block");
         return;
     }
-    if (KP_DEBUG && DEBUG_MARK(p, 0, call) != 0) return;
+    if (KP_DEBUG && DEBUG_MARK(p, DEBUG_FREE, call) != 0) return;
     kp_tcache *tc = _kp_tls_tcache;
     kp_tlist *l = &tc->lists[cls];
     if (KP_UNLIKELY(KP_LOAD(l->count) >= l->max)) {
@@ -227,9 +235,13 @@ static inline int small_class_ok(unsigned cls) { return cls - 1u < KP_NUM_CLASSE
 
 /* A large block of size bytes aligned to align; *zeroed (if not NULL) says
  * its pages read as zero. NULL + ENOMEM. */
+/* Larger than any mapping can be: a request past it fails with ENOMEM
+ * before a page count is computed (near SIZE_MAX that count wraps). */
+#define LARGE_MAX ((size_t)1 << (KP_ADDRESS_BITS - 1))
+
 static void *large_alloc(size_t size, size_t align, int *zeroed) {
     _kp_init();
-    if (size > ((size_t)1 << (KP_ADDRESS_BITS - 1))) {
+    if (size > LARGE_MAX) {
         errno = ENOMEM;
         return NULL;
     }
@@ -362,20 +374,23 @@ KP_HOT void kp_free_sized(void *p, size_t size) {
     free_not_flat(p, 1, size, "kp_free_sized");
 }
 
-/* The start of the block of class cls that contains p. Lock-free: every
- * page of a small span maps to it, and a live block's span does not change. */
-static uintptr_t small_block_start(const void *p, unsigned cls) {
+/* 1 if p is the start of a slot of its small span (class cls) that has
+ * been carved: handed out once at least, or on a free list. Lock-free:
+ * every page of a small span maps to it, a live block's span does not
+ * change, and `carved` is stored with release after the carved slots' free
+ * marks (central.c), so a slot counted here shows its mark. */
+static int small_carved_slot(const void *p, unsigned cls) {
     kp_span *s = _kp_pagemap_get((uintptr_t)p >> KP_PAGE_SHIFT);
     if (!s) return 0;
-    uintptr_t base = s->start << KP_PAGE_SHIFT;
-    uint64_t off = (uintptr_t)p - base;
-    return base + ((off * _kp_classes[cls].recip) >> 32) * _kp_classes[cls].size;
+    uint64_t off = (uintptr_t)p - (s->start << KP_PAGE_SHIFT);
+    uint64_t slot = (off * _kp_classes[cls].recip) >> 32;
+    return slot * _kp_classes[cls].size == off && slot < __atomic_load_n(&s->carved, __ATOMIC_ACQUIRE);
 }
 
 size_t kp_usable_size(const void *p) {
     unsigned cls = _kp_pagemap_class(p);
     if (small_class_ok(cls))   /* the free mark tells a freed block (not with KP_HARDEN=0) */
-        return small_block_start(p, cls) == (uintptr_t)p && !_kp_is_marked(p) ? _kp_classes[cls].size : 0;
+        return small_carved_slot(p, cls) && !_kp_is_marked(p) ? _kp_classes[cls].size : 0;
     if (cls == KP_CLASS_LARGE) {
         _kp_lock(_kp_pageheap_lock());
         kp_span *s = large_span_locked(p);
@@ -423,6 +438,12 @@ static void *small_realloc(void *p, unsigned cls, size_t size, size_t told) {
         errno = EINVAL;
         return NULL;
     }
+    /* A KP_DEBUG build also tells a pointer inside a block and a slot never
+     * handed out here, before the block could be kept in place. */
+    if (KP_DEBUG && DEBUG_MARK(p, DEBUG_CHECK, "kp_realloc") != 0) {
+        errno = EINVAL;
+        return NULL;
+    }
     if (size == 0) return realloc_to_zero(p, told);
     size_t usable = _kp_classes[cls].size;
     /* Keep the block unless it would waste more than half of it. An old
@@ -452,6 +473,11 @@ static void *large_realloc(void *p, size_t size, size_t told) {
         _kp_unlock(lk);
         _kp_error("kp_realloc", p, not_live_reason(p, KP_CLASS_LARGE));
         errno = EINVAL;
+        return NULL;
+    }
+    if (size > LARGE_MAX) {
+        _kp_unlock(lk);
+        errno = ENOMEM;
         return NULL;
     }
     size_t usable = large_usable(s, p);

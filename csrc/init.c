@@ -67,8 +67,13 @@ static void draw_secret(void) {
     const void *random16 = (const void *)getauxval(AT_RANDOM);   /* 16 bytes from the kernel at exec */
     if (random16) memcpy(bits, random16, sizeof bits);
     _kp_secret = _kp_mix64(bits[0] ^ _kp_mix64(bits[1] ^ _kp_now_ns() ^ (uintptr_t)&bits));
-    /* A key with low bits set turns a zeroed word into a misaligned link. */
+    /* A key with low bits set turns a zeroed word into a misaligned link;
+     * top bits neither 0 nor all ones turn a written pointer or small integer
+     * into a link above 2^48 (_kp_link_ok). */
     _kp_link_key = (uintptr_t)_kp_mix64(_kp_secret ^ 0x6b706f6f6c6b6579u) | 0x9;
+    uintptr_t top = _kp_link_key >> KP_ADDRESS_BITS;
+    if (top == 0 || top == ((uintptr_t)1 << (64 - KP_ADDRESS_BITS)) - 1)
+        _kp_link_key ^= (uintptr_t)0x5a5a << KP_ADDRESS_BITS;
     _kp_free_mark = (uintptr_t)_kp_mix64(_kp_secret ^ 0x6b706f6f6c6d6b21u) | 1;
 }
 

@@ -88,7 +88,7 @@ static inline size_t _kp_align_up(size_t x, size_t a) { return (x + a - 1) & ~(a
  * With KP_HARDEN_LINKS the link is stored as next ^ _kp_link_key (a random
  * key drawn at start-up; NULL too is encoded), so a use-after-free write or
  * an overflow into a free block decodes to a wild value, which the next pop
- * sees (a link that is not 16-byte aligned) instead of handing out an
+ * sees (a link that is not 16-byte aligned or not below 2^48) instead of handing out an
  * address an attacker chose. With KP_HARDEN_MARKS a free checks the mark
  * (a double free, however long after the first free) and sets it; a
  * handed-out block has it (and its link) cleared. Only a program that
@@ -109,8 +109,13 @@ static inline void _kp_set_next(void *obj, const void *next) {
     *(uintptr_t *)obj = KP_HARDEN_LINKS ? (uintptr_t)next ^ _kp_link_key : (uintptr_t)next;
     KP_VG_QUIET_END();
 }
-/* 0 if a decoded link cannot be a block (every block is 16-byte aligned). */
-static inline int _kp_link_ok(const void *next) { return !KP_HARDEN_LINKS || ((uintptr_t)next & (KP_MIN_ALIGN - 1)) == 0; }
+/* 0 if a decoded link cannot be a block: every block is 16-byte aligned
+ * and below 2^48. With the key's top 16 bits neither 0 nor all ones (init),
+ * those 20 bits catch every damaged word whose top bits are 0 or all ones
+ * (pointers, small integers of either sign, zero) and all but about one in
+ * 2^20 other words. */
+#define KP_LINK_BAD_BITS (~(((uintptr_t)1 << KP_ADDRESS_BITS) - 1) | (KP_MIN_ALIGN - 1))
+static inline int _kp_link_ok(const void *next) { return !KP_HARDEN_LINKS || ((uintptr_t)next & KP_LINK_BAD_BITS) == 0; }
 static inline int _kp_is_marked(const void *obj) {
     if (!KP_HARDEN_MARKS) return 0;
     KP_VG_QUIET_BEGIN();

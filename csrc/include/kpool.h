@@ -30,7 +30,11 @@
  *     overflow from the block before it): free-list links are stored
  *     encoded with a random key, and the allocation that would follow the
  *     damaged link reports it instead of handing out the address written
- *     (the rest of that list is dropped: never handed out, not reused);
+ *     (the rest of that list is dropped: never handed out, not reused).
+ *     Every written word whose top 16 bits are 0 or all ones (zero, a
+ *     pointer, a small integer of either sign) is caught, and all but about
+ *     one in a million other words; a write of the word's lowest byte alone
+ *     is missed one time in 16;
  *   - every kp_pool_free of anything but a live block of that pool.
  * The two hardening measures above cost one load and two stores per
  * alloc/free pair; a build with -DKP_HARDEN=0 leaves them out (then only a
@@ -167,16 +171,20 @@ KP_API void kp_free_sized(void *p, size_t size);
 /* For the start of a live block of kp_malloc and friends or of a pool: the
  * bytes usable there (>= the size requested; a pool's block size). For
  * anything else (NULL, a pointer inside a block, an arena block, memory
- * kpool does not own, a freed pool block, a freed small block) 0. A
+ * kpool does not own, a freed pool block, a freed small block, a slot of a
+ * span that was never handed out, the end of a span past its last slot) 0. A
  * KP_HARDEN=0 build cannot tell a freed small block (of kp_malloc) from a
  * live one and answers its size. Reads word 1 of the block: do not call it
  * while another thread writes that word. */
 KP_API size_t kp_usable_size(const void *p);
-/* 1 if p lies inside a block that kpool has handed out and not yet taken
- * back to its page heap (interior pointers too; pool and arena blocks too),
- * else 0. One lock-free load. A small block that was freed answers 1 until
- * its span of pages is given back; a pointer kpool never mapped (stack,
- * glibc's malloc, static data) always answers 0. */
+/* 1 if p lies in pages kpool has carved for blocks and not yet taken back
+ * to its page heap: a span of small blocks, a large block, a pool's or an
+ * arena's chunk (interior pointers too), else 0. One lock-free load, so it
+ * does not tell a live block from free room beside it: a freed small block,
+ * a slot never handed out, the end of a span or of an arena chunk answer 1
+ * until the span's pages go back; a pointer kpool never mapped (stack,
+ * glibc's malloc, static data) always answers 0. kp_usable_size tells a
+ * live block's start. */
 KP_API int kp_owns(const void *p);
 /* Give this thread's cached free blocks back to the shared lists. */
 KP_API void kp_thread_flush(void);
@@ -250,9 +258,9 @@ typedef struct kp_pool_stats {
                                  ready for reuse without new memory (a thread's
                                  cache, the shared lists); within [0, carved] */
 } kp_pool_stats;
-/* 0 on success, -1 with errno EINVAL if out is NULL or struct_size is smaller
- * than the struct up to `chunks` (the first layout). Fills as much of the
- * struct as struct_size covers, and nothing past it. */
+/* 0 on success, -1 with errno EINVAL if pool or out is NULL or struct_size
+ * is smaller than the struct up to `chunks` (the first layout). Fills as
+ * much of the struct as struct_size covers, and nothing past it. */
 KP_API int kp_pool_stats_get(kp_pool *pool, kp_pool_stats *out);
 /* Callers that wait for a block at capacity (the Python BufferPool) count
  * their waits here so that they appear in kp_pool_stats. */

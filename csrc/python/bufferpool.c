@@ -356,7 +356,7 @@ static int do_close(kpy_bufferpool *self) {
         memset(&self->final, 0, sizeof self->final);
         self->final.struct_size = sizeof self->final;
         (void)kp_pool_stats_get(self->pool, &self->final);
-        self->final.bytes_mapped = self->final.chunks = self->final.live = 0;
+        self->final.bytes_mapped = self->final.chunks = self->final.live = self->final.free_blocks = 0;
         self->closed = 1;
         kp_pool_destroy(self->pool);
         self->pool = NULL;

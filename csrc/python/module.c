@@ -145,6 +145,12 @@ int kpy_align_arg(PyObject *o, const char *name, size_t max, size_t *out) {
 
 #define KPY_TIMEOUT_MAX 1e9  /* seconds (about 31 years) */
 
+/* A number of seconds: a float or an integer (numpy's too), not a bool:
+ * acquire(True) reads as threading's blocking=True, and would wait 1 s. */
+static int kpy_is_seconds(PyObject *o) {
+    return !PyBool_Check(o) && (PyFloat_Check(o) || PyLong_Check(o) || PyIndex_Check(o));
+}
+
 int kpy_timeout_arg(PyObject *o, double *seconds, int *forever) {
     *forever = 0;
     if (o == Py_None) {
@@ -152,8 +158,8 @@ int kpy_timeout_arg(PyObject *o, double *seconds, int *forever) {
         *seconds = 0.0;
         return 0;
     }
-    if (!PyFloat_Check(o) && !PyLong_Check(o)) {
-        PyErr_Format(PyExc_TypeError, "timeout must be a number or None, not %.100s", Py_TYPE(o)->tp_name);
+    if (!kpy_is_seconds(o)) {
+        PyErr_Format(PyExc_TypeError, "timeout must be a number of seconds or None, not %.100s", Py_TYPE(o)->tp_name);
         return -1;
     }
     double t = PyFloat_AsDouble(o);
@@ -355,7 +361,7 @@ static PyObject *bad_name(const char *what, const char *name, const char *const 
 static int duration_arg(PyObject *o, double *out) {
     *out = 0.0;
     if (!o || o == Py_None) return 0;
-    if (PyBool_Check(o) || (!PyFloat_Check(o) && !PyLong_Check(o))) {
+    if (!kpy_is_seconds(o)) {
         PyErr_Format(PyExc_TypeError, "duration must be a number of seconds or None, not %.100s", Py_TYPE(o)->tp_name);
         return -1;
     }

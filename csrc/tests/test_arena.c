@@ -3,6 +3,9 @@
 #include "check.h"
 #include "kp_internal.h"
 
+#include <errno.h>
+#include <string.h>
+
 static void test_bump_and_alignment(void) {
     kp_arena *a = kp_arena_create(0);
     CHECK(a != NULL);
@@ -82,8 +85,32 @@ static void test_bad_arguments(void) {
     CHECK_EQ(errno, EINVAL);
 }
 
+/* Out of memory (kpool.h's general rule): NULL with ENOMEM, what the arena
+ * handed out stays intact, and it allocates again once memory is back. */
+static void test_out_of_memory_is_enomem(void) {
+    kp_trim();
+    kp_arena *a = kp_arena_create(0);
+    char *first = kp_arena_alloc(a, 100, 0);
+    CHECK(first != NULL);
+    memset(first, 7, 100);
+    size_t used = kp_arena_used(a);
+    _kp_os_fail_next(1000);
+    errno = 0;
+    void *big = kp_arena_alloc(a, (size_t)256 << 20, 0);
+    int e = errno;
+    _kp_os_fail_next(0);
+    CHECK(big == NULL);
+    CHECK_EQ(e, ENOMEM);
+    CHECK_EQ(kp_arena_used(a), used);
+    CHECK(first[0] == 7 && first[99] == 7);
+    big = kp_arena_alloc(a, (size_t)256 << 20, 0);
+    CHECK(big != NULL);
+    kp_arena_destroy(a);
+}
+
 int main(void) {
     _kp_init();
+    RUN(test_out_of_memory_is_enomem);
     RUN(test_bump_and_alignment);
     RUN(test_big_requests_get_their_own_chunk);
     RUN(test_reset_keeps_the_first_chunk);

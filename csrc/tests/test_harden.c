@@ -72,6 +72,37 @@ static void test_use_after_free_write_is_caught_at_the_next_pop(void) {
         if (got[i] != (void *)target) kp_free(got[i]);
 }
 
+/* Whatever whole word a use after free writes over a free block's link
+ * is caught at the pop that would follow it: zero, small integers of
+ * either sign (each low nibble among them), pointers, text. */
+static void test_any_word_written_over_a_link_is_caught(void) {
+    static char target[256] __attribute__((aligned(64)));
+    int local;
+    const uintptr_t words[] = {
+        0, 1, 7, 9, 11, 13, 15, 16, 255, (uintptr_t)-1, (uintptr_t)-9, (uintptr_t)-16, (uintptr_t)-4096,
+        (uintptr_t)target, (uintptr_t)target + 9, (uintptr_t)&local, 0x4141414141414141u, 0x00007ffff7a0b0c9u,
+    };
+    for (size_t i = 0; i < sizeof words / sizeof words[0]; i++) {
+        handler_calls = 0;
+        handler_what = NULL;
+        char *a = kp_malloc(64), *b = kp_malloc(64);
+        kp_free(a);
+        kp_free(b);                            /* list: b -> a */
+        *(uintptr_t *)b = words[i];
+        void *got[3];
+        for (int k = 0; k < 3; k++) got[k] = kp_malloc(64);
+        CHECK_EQ(handler_calls, 1);
+        CHECK(handler_what && strstr(handler_what, "written after it was freed"));
+        for (int k = 0; k < 3; k++) {
+            /* nothing wild handed out: each is a live block of kpool's */
+            CHECK(kp_usable_size(got[k]) == 64);
+            if (kp_usable_size(got[k]) != 64) printf("     word %#zx: handed out %p\n", (size_t)words[i], got[k]);
+        }
+        for (int k = 0; k < 3; k++)
+            if (kp_usable_size(got[k]) == 64) kp_free(got[k]);
+    }
+}
+
 /* An overflow from a live block that zeroes the free block after it. */
 static void test_overflow_into_a_free_block_is_caught(void) {
     handler_calls = 0;
@@ -172,6 +203,7 @@ int main(int argc, char **argv) {
     MAYBE(test_non_consecutive_double_free);
     MAYBE(test_double_free_ordered_across_threads);
     MAYBE(test_use_after_free_write_is_caught_at_the_next_pop);
+    MAYBE(test_any_word_written_over_a_link_is_caught);
     MAYBE(test_overflow_into_a_free_block_is_caught);
     MAYBE(test_pool_link_damage_is_caught);
     MAYBE(test_handed_out_block_shows_no_link_or_mark);

@@ -62,7 +62,12 @@ static void test_calloc_overflow_and_huge_sizes(void) {
     errno = 0;
     CHECK(kp_malloc(SIZE_MAX - 4096) == NULL);
     CHECK_EQ(errno, ENOMEM);
+    errno = 0;
     CHECK(kp_aligned_alloc(64, SIZE_MAX - 10) == NULL);
+    CHECK_EQ(errno, ENOMEM);
+    errno = 0;
+    CHECK(kp_aligned_alloc((size_t)1 << 20, SIZE_MAX - 10) == NULL);
+    CHECK_EQ(errno, ENOMEM);
     unsigned char *z = kp_calloc(100, 100);
     CHECK(z != NULL);
     int zero = 1;
@@ -114,10 +119,33 @@ static void test_realloc(void) {
     /* growth within the class keeps the block */
     char *u = kp_malloc(100);
     CHECK(kp_realloc(u, 110) == u);
+    memset(u, 'u', 110);
     errno = 0;
     CHECK(kp_realloc(u, SIZE_MAX) == NULL);   /* failure leaves u intact */
     CHECK_EQ(errno, ENOMEM);
+    CHECK(kp_usable_size(u) >= 110 && u[0] == 'u' && u[109] == 'u');
     kp_free(u);
+    /* A large block too: sizes near SIZE_MAX, whose page count would wrap
+     * to 0, and sizes past what a mapping can be, fail the same way. */
+    const size_t huge[] = {SIZE_MAX, SIZE_MAX - 4096, SIZE_MAX - (1 << 13) + 1, (size_t)1 << 63, (size_t)1 << 48};
+    char *big = kp_malloc(1 << 20);
+    CHECK(big != NULL);
+    memset(big, 'b', 1 << 20);
+    size_t big_usable = kp_usable_size(big);
+    for (size_t i = 0; i < sizeof huge / sizeof huge[0]; i++) {
+        errno = 0;
+        CHECK(kp_realloc(big, huge[i]) == NULL);
+        CHECK_EQ(errno, ENOMEM);
+        errno = 0;
+        CHECK(kp_realloc_sized(big, 1 << 20, huge[i]) == NULL);
+        CHECK_EQ(errno, ENOMEM);
+        CHECK_EQ(kp_usable_size(big), big_usable);
+        CHECK(kp_owns(big) && big[0] == 'b' && big[(1 << 20) - 1] == 'b');
+    }
+    char *other = kp_malloc(1 << 20);   /* big's pages are still its own */
+    CHECK(other != NULL && (other + (1 << 20) <= big || other >= big + big_usable));
+    kp_free(other);
+    kp_free(big);
 }
 
 static void test_realloc_in_place_keeps_requested_bytes(void) {
@@ -132,7 +160,7 @@ static void test_realloc_in_place_keeps_requested_bytes(void) {
 }
 
 static void test_usable_size_and_owns(void) {
-    int local;
+    int local = 0;
     static int global;
     void *libc = malloc(32);
     CHECK(!kp_owns(&local));
@@ -178,12 +206,95 @@ static void test_usable_size_rule(void) {
     kp_pool_destroy(pool);
     kp_free(small);
     kp_free(large);
+
+    /* Every slot of a small span that is not a live block answers 0: slots
+     * freed, slots carved onto a free list and never handed out, slots never
+     * carved; and so does the span's tail past its last slot. Blocks are
+     * taken until one comes from a span whose bump cursor is short of its
+     * end (a fresh span, once the partly used ones are full). */
+    const unsigned cls = _kp_size_class(48);
+    const kp_class_info *ci = &_kp_classes[cls];
+    CHECK(ci->objects * ci->size < ci->npages * KP_PAGE_SIZE);   /* the class has a tail */
+    enum { HELD = 20000 };
+    static char *held[HELD];
+    kp_span *span = NULL;
+    int n = 0;
+    while (n < HELD && !span) {
+        held[n] = kp_malloc(48);
+        kp_span *sp = _kp_pagemap_get((uintptr_t)held[n++] >> KP_PAGE_SHIFT);
+        if (sp && __atomic_load_n(&sp->carved, __ATOMIC_ACQUIRE) < sp->capacity) span = sp;
+    }
+    CHECK(span != NULL);
+    if (!span) return;
+    for (int k = 0; k < 8; k++) held[n++] = kp_malloc(48);   /* more from its batch */
+    for (int i = n - 1; i >= 0; i -= 2) {   /* every other one freed: holes among live slots */
+        kp_free(held[i]);
+        held[i] = NULL;
+    }
+    char *base = (char *)(span->start << KP_PAGE_SHIFT);
+    unsigned live_seen = 0, free_seen = 0, never_seen = 0;
+    for (unsigned slot = 0; slot < ci->objects; slot++) {
+        char *at = base + (size_t)slot * ci->size;
+        int mine = 0;
+        for (int i = 0; i < n; i++) mine |= held[i] == at;
+        CHECK_EQ(kp_usable_size(at), mine ? ci->size : 0);
+        CHECK(kp_owns(at) && kp_owns(at + ci->size - 1));   /* kpool's pages, live or not */
+        live_seen += mine;
+        free_seen += !mine && slot < span->carved;
+        never_seen += slot >= span->carved;
+    }
+    CHECK(live_seen > 0 && free_seen > 0 && never_seen > 0);
+    CHECK_EQ(kp_usable_size(base + (size_t)ci->objects * ci->size), 0);
+    for (int i = 0; i < n; i++) kp_free(held[i]);
+}
+
+/* kp_realloc_sized's misuse is kp_realloc's, and its reports name kp_realloc. */
+static void test_realloc_sized_misuse_is_realloc_misuse(void) {
+    kp_set_error_handler(record_handler);
+    int local = 0;
+    handler_calls = 0;
+    handler_call = NULL;
+    errno = 0;
+    CHECK(kp_realloc_sized(&local, 8, 16) == NULL);
+    CHECK_EQ(errno, EINVAL);
+    CHECK_EQ(handler_calls, 1);
+    CHECK(handler_call && strcmp(handler_call, "kp_realloc") == 0 && handler_ptr == &local);
+    kp_pool *pool = kp_pool_create(64, 0, 0);
+    void *pb = kp_pool_alloc(pool);
+    errno = 0;
+    CHECK(kp_realloc_sized(pb, 64, 100) == NULL);   /* a pool block */
+    CHECK_EQ(errno, EINVAL);
+    CHECK_EQ(handler_calls, 2);
+    CHECK(kp_pool_owns(pool, pb));                   /* still the pool's, live */
+    kp_pool_free(pool, pb);
+    kp_pool_destroy(pool);
+    char *big = kp_malloc(1 << 20);
+    errno = 0;
+    CHECK(kp_realloc_sized(big + 4096, 1 << 20, 10) == NULL);   /* inside a large block */
+    CHECK_EQ(errno, EINVAL);
+    CHECK_EQ(handler_calls, 3);
+    CHECK(handler_call && strcmp(handler_call, "kp_realloc") == 0);
+    kp_free(big);
+    if (KP_HARDEN_MARKS) {                              /* a freed small block, not the last freed */
+        char *a = kp_malloc(40), *b = kp_malloc(40);
+        kp_free(a);
+        kp_free(b);
+        errno = 0;
+        CHECK(kp_realloc_sized(a, 40, 48) == NULL);
+        CHECK_EQ(errno, EINVAL);
+        CHECK_EQ(handler_calls, 4);
+        void *again1 = kp_malloc(40), *again2 = kp_malloc(40);   /* both come back once each */
+        CHECK((again1 == b && again2 == a) || (again1 == a && again2 == b));
+        kp_free(again1);
+        kp_free(again2);
+    }
+    kp_set_error_handler(NULL);
 }
 
 /* kp_realloc of what is not a live heap block: the handler, then nothing. */
 static void test_realloc_of_a_non_block_does_nothing(void) {
     kp_set_error_handler(record_handler);
-    int local;
+    int local = 0;
     kp_stats a = { .struct_size = sizeof a }, b = { .struct_size = sizeof b };
     kp_stats_get(&a);
     handler_calls = 0;
@@ -210,7 +321,7 @@ static void test_large_double_free_has_its_own_message(void) {
     kp_free(big);
     kp_free(big);
     const char *twice = handler_what;
-    int local;
+    int local = 0;
     kp_free(&local);
     const char *foreign = handler_what;
     CHECK(twice && foreign && strcmp(twice, foreign) != 0);
@@ -239,6 +350,20 @@ static void test_debug_build_detects_small_block_misuse(void) {
     char *d = kp_malloc(3000);
     kp_free(d + 3008 * 2);                       /* a slot of the span not handed out */
     CHECK_EQ(handler_calls, 3);
+    /* kp_realloc to a size the block would keep in place tells them too */
+    char *e = kp_malloc(48);
+    errno = 0;
+    CHECK(kp_realloc(e + 16, 40) == NULL);
+    CHECK_EQ(errno, EINVAL);
+    CHECK_EQ(handler_calls, 4);
+    CHECK(handler_call && strcmp(handler_call, "kp_realloc") == 0);
+    errno = 0;
+    CHECK(kp_realloc(d + 3008 * 2, 2000) == NULL);
+    CHECK_EQ(errno, EINVAL);
+    CHECK_EQ(handler_calls, 5);
+    CHECK(kp_realloc(e, 40) == e);              /* the live block itself is kept */
+    CHECK_EQ(handler_calls, 5);
+    kp_free(e);
     kp_free(d);
     kp_set_error_handler(NULL);
 }
@@ -246,7 +371,7 @@ static void test_debug_build_detects_small_block_misuse(void) {
 static void test_misuse_reaches_the_handler(void) {
     kp_error_handler prev = kp_set_error_handler(record_handler);
     CHECK(prev == NULL);
-    int local;
+    int local = 0;
     handler_calls = 0;
     kp_free(&local);
     CHECK_EQ(handler_calls, 1);
@@ -715,6 +840,7 @@ int main(void) {
     RUN(test_misuse_reaches_the_handler);
     RUN(test_usable_size_rule);
     RUN(test_realloc_of_a_non_block_does_nothing);
+    RUN(test_realloc_sized_misuse_is_realloc_misuse);
     RUN(test_large_double_free_has_its_own_message);
     RUN(test_debug_build_detects_small_block_misuse);
     RUN(test_map_failure_then_recovery);

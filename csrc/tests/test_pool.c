@@ -20,6 +20,30 @@ static void test_bad_arguments_are_einval(void) {
     errno = 0; CHECK(kp_pool_alloc(NULL) == NULL); CHECK_EQ(errno, EINVAL);
     kp_pool_free(NULL, NULL);
     kp_pool_destroy(NULL);
+    kp_pool *pool = kp_pool_create(64, 0, 0);
+    kp_pool_stats st = { .struct_size = sizeof st };
+    errno = 0; CHECK_EQ(kp_pool_stats_get(pool, NULL), -1); CHECK_EQ(errno, EINVAL);
+    errno = 0; CHECK_EQ(kp_pool_stats_get(NULL, &st), -1); CHECK_EQ(errno, EINVAL);
+    kp_pool_destroy(pool);
+}
+
+/* Out of memory: NULL with ENOMEM, and the pool works once memory is back. */
+static void test_out_of_memory_is_enomem(void) {
+    kp_trim();
+    kp_pool *pool = kp_pool_create((size_t)64 << 20, 0, 0);
+    CHECK(pool != NULL);
+    _kp_os_fail_next(1000);
+    errno = 0;
+    void *b = kp_pool_alloc(pool);
+    int e = errno;
+    _kp_os_fail_next(0);
+    CHECK(b == NULL);
+    CHECK_EQ(e, ENOMEM);
+    b = kp_pool_alloc(pool);
+    CHECK(b != NULL);
+    if (b) memset(b, 1, (size_t)64 << 20);
+    kp_pool_free(pool, b);
+    kp_pool_destroy(pool);
 }
 
 static void test_blocks_are_aligned_distinct_and_reused(void) {
@@ -482,6 +506,7 @@ static void test_free_blocks_and_the_first_stats_layout(void) {
 int main(void) {
     _kp_init();
     RUN(test_bad_arguments_are_einval);
+    RUN(test_out_of_memory_is_enomem);
     RUN(test_big_blocks_map_one_block_at_a_time);
     RUN(test_blocks_are_aligned_distinct_and_reused);
     RUN(test_bounded_pool_is_exact);

@@ -311,8 +311,24 @@ static void test_realloc_sized_keeps_requested_exact(void) {
     CHECK_EQ(WEXITSTATUS(status), 0);
 }
 
+/* kpool.h: enabled is 0 when the library was built without counters; the
+ * figures kpool keeps anyway (the page heap's) are still there. */
+static void test_enabled_says_whether_the_counters_are_built(void) {
+    kp_stats st = { .struct_size = sizeof st };
+    void *p[100];
+    for (int i = 0; i < 100; i++) p[i] = kp_malloc(64);
+    CHECK_EQ(kp_stats_get(&st), 0);
+    CHECK_EQ(st.enabled, KP_STATS ? 1 : 0);
+    CHECK(st.bytes_mapped > 0);
+    if (KP_STATS) CHECK(st.allocs >= 100);
+    else CHECK_EQ(st.allocs, 0);
+    for (int i = 0; i < 100; i++) kp_free_sized(p[i], 64);   /* bytes_requested stays exact */
+}
+
 int main(void) {
     _kp_init();
+    RUN(test_enabled_says_whether_the_counters_are_built);
+    if (!KP_STATS) return DONE();   /* `make nostats`: the rest needs the counters */
     RUN(test_versioned_struct);
     RUN(test_counts_and_gauges);
     RUN(test_unsized_free_without_a_cache_is_an_estimate);
