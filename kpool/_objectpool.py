@@ -53,12 +53,13 @@ def _count_arg(value, name, minimum):
 
 
 def _timeout_arg(timeout):
-    """None (wait forever) or seconds >= 0 as a float; as BufferPool.acquire."""
+    """None (wait forever) or seconds >= 0 as a float; as BufferPool.acquire:
+    a float or an integer (numpy's too), not a bool."""
     if timeout is None:
         return None
-    if not isinstance(timeout, (int, float)):
-        raise TypeError("timeout must be a number or None, not %s" % type(timeout).__name__)
-    t = float(timeout)
+    if isinstance(timeout, bool) or not (isinstance(timeout, float) or hasattr(type(timeout), "__index__")):
+        raise TypeError("timeout must be a number of seconds or None, not %s" % type(timeout).__name__)
+    t = float(timeout) if isinstance(timeout, float) else float(operator.index(timeout))
     if math.isnan(t):
         raise ValueError("timeout must not be NaN")
     if t < 0:
@@ -88,7 +89,7 @@ class ObjectPool(Generic[T]):
     close().
 
     ``capacity`` bounds the objects in existence at once: handed out, being
-    reset or being created (None: unbounded). At capacity get() raises
+    created, reset or closed (None: unbounded). At capacity get() raises
     kpool.PoolExhausted at once by default (timeout=0); ``get(timeout=None)``
     waits for an object, ``get(timeout=s)`` at most s seconds.
     kpool.PoolExhausted is a TimeoutError, so ``except TimeoutError`` works.
@@ -134,6 +135,7 @@ class ObjectPool(Generic[T]):
         self._in_use = 0
         self._creating = 0     # factory calls in progress (they hold capacity)
         self._resetting = 0    # reset calls in progress (they hold capacity too)
+        self._closing = 0      # close(obj) calls in progress (so do they)
         self._closed = False
         self._created = self._hits = self._misses = self._discarded = 0
         self._high_water = self._gets = self._puts = self._waits = self._timeouts = 0
@@ -208,10 +210,15 @@ class ObjectPool(Generic[T]):
             self._hits += 1
             self._hand_out_locked(obj)
             return obj
-        if self._capacity is None or self._in_use + self._creating + self._resetting < self._capacity:
+        if self._capacity is None or self._room_locked():
             self._creating += 1
             return _MAY_CREATE
         return _AT_CAPACITY
+
+    def _room_locked(self):
+        """True if one more object may exist: handed out, being created,
+        reset or closed all hold a capacity slot. REQUIRES: the lock held."""
+        return self._in_use + self._creating + self._resetting + self._closing < self._capacity
 
     def _create(self):
         """Call the factory for a creation slot already taken; hand the object
@@ -276,7 +283,7 @@ class ObjectPool(Generic[T]):
                     self._hits += 1
                     self._hand_out_locked(obj)
                     return obj
-                if self._in_use + self._creating + self._resetting < self._capacity:
+                if self._room_locked():
                     self._creating += 1
                     return None
         finally:
@@ -371,7 +378,7 @@ class ObjectPool(Generic[T]):
                 if keep:
                     self._idle.append(obj)
                 else:
-                    self._discarded += 1
+                    self._drop_locked(1)
                 self._wake_locked()
             else:
                 self._resetting += 1         # the slot stays taken until reset is done
@@ -392,7 +399,7 @@ class ObjectPool(Generic[T]):
         except BaseException:               # KeyboardInterrupt, SystemExit: drop it, then propagate
             with self._lock:
                 self._resetting -= 1
-                self._discarded += 1
+                self._drop_locked(1)
                 self._reset_errors += 1
                 self._wake_locked()
             self._destroy(obj)
@@ -403,7 +410,7 @@ class ObjectPool(Generic[T]):
             if keep:
                 self._idle.append(obj)
             else:
-                self._discarded += 1
+                self._drop_locked(1)
                 if error is not None:
                     self._reset_errors += 1
             self._wake_locked()
@@ -415,7 +422,8 @@ class ObjectPool(Generic[T]):
     def discard(self, obj: T) -> None:
         """Take obj out of the pool for good (a broken connection, say): it
         is not reset or reused, ``close(obj)`` is called, it counts in
-        stats()['discarded'] and its capacity slot is freed at once.
+        stats()['discarded'] and its capacity slot is freed once close
+        returns (at once without a close callback).
 
         ValueError for an object that is not handed out by this pool. Inside
         ``with pool.borrow() as obj:`` discarding obj is fine: borrow then
@@ -423,22 +431,38 @@ class ObjectPool(Generic[T]):
         """
         with self._lock:
             self._take_back_locked(obj)
-            self._discarded += 1
+            self._drop_locked(1)
             self._wake_locked()
         self._destroy(obj)
 
+    def _drop_locked(self, n):
+        """n objects leave the pool; with a close callback each keeps a
+        capacity slot until its close(obj) returns (_destroy), so objects
+        being closed count as existing. REQUIRES: the lock held."""
+        self._discarded += n
+        if self._close_obj is not None:
+            self._closing += n
+
     def _destroy(self, obj):
-        """Call close(obj) for an object the pool dropped (lock not held)."""
+        """Call close(obj) for an object dropped by _drop_locked (lock not
+        held), then free its capacity slot."""
         close = self._close_obj
         if close is None:
             return
+        error = None
         try:
             close(obj)
         except Exception as e:
+            error = e
+        finally:
             with self._lock:
-                self._close_errors += 1
+                self._closing -= 1
+                if error is not None:
+                    self._close_errors += 1
+                self._wake_locked()
+        if error is not None:
             self._warn_once("close", "ObjectPool: close(%r) raised %r (close errors are counted in "
-                            "stats()['close_errors']; this pool warns only once)" % (obj, e), 4)
+                            "stats()['close_errors']; this pool warns only once)" % (obj, error), 4)
 
     def _warn_once(self, kind, message, stacklevel):
         with self._lock:
@@ -453,6 +477,8 @@ class ObjectPool(Generic[T]):
         """Context manager: get(timeout) an object and put() it back on exit
         (unless it was put back or discarded inside the block: then the exit
         leaves it alone, also when another user has got it since)."""
+        if timeout.__class__ is not float or timeout != 0.0:
+            timeout = _timeout_arg(timeout)
         obj, ticket = self._get(timeout)
         try:
             yield obj
@@ -528,7 +554,7 @@ class ObjectPool(Generic[T]):
         discarded); returns how many."""
         with self._lock:
             objs, self._idle = self._idle, []
-            self._discarded += len(objs)
+            self._drop_locked(len(objs))
         for obj in objs:
             self._destroy(obj)
         return len(objs)
@@ -543,7 +569,7 @@ class ObjectPool(Generic[T]):
                 return
             self._closed = True
             objs, self._idle = self._idle, []
-            self._discarded += len(objs)
+            self._drop_locked(len(objs))
             self._cond.notify_all()
             for _ in range(len(self._async_waiters)):
                 self._wake_async_locked()
@@ -559,8 +585,9 @@ class ObjectPool(Generic[T]):
     def stats(self) -> Dict[str, Any]:
         """A dict: created, hits, misses, discarded (objects dropped: beyond
         max_idle, failed reset, discard(), clear(), close()), high_water,
-        in_use, idle, resetting, capacity, max_idle, gets, puts, waits,
-        timeouts, reset_errors, close_errors, closed."""
+        in_use, idle, resetting, closing (close calls in progress), capacity,
+        max_idle, gets, puts, waits, timeouts, reset_errors, close_errors,
+        closed."""
         with self._lock:
             return {
                 "created": self._created,
@@ -571,6 +598,7 @@ class ObjectPool(Generic[T]):
                 "in_use": self._in_use,
                 "idle": len(self._idle),
                 "resetting": self._resetting,
+                "closing": self._closing,
                 "capacity": self._capacity,
                 "max_idle": self._max_idle,
                 "gets": self._gets,

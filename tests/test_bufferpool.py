@@ -566,6 +566,7 @@ def test_stats_after_close_keep_the_counts():
                 "pool_hits", "pool_misses", "pool_high_water"):
         assert after[key] == before[key], key
     assert after["closed"] and after["bytes_mapped"] == 0 and after["chunks"] == 0 and after["in_use"] == 0
+    assert before["free_blocks"] > 0 and after["free_blocks"] == 0 and after["idle"] == 0   # no memory left
 
 
 def test_context_manager_closes():
@@ -706,6 +707,29 @@ def test_timeout_wrong_type_and_huge():
         pool.acquire(1, 2)
     with pytest.raises(TypeError):
         pool.acquire(bogus=1)
+    assert pool.in_use == 0
+
+
+def test_timeout_is_seconds_not_a_bool():
+    """acquire(True) would read as threading's blocking=True and wait 1 s:
+    a bool is a TypeError. Integers of numpy (anything with __index__) are
+    seconds like int."""
+    np = pytest.importorskip("numpy")
+    pool = kpool.BufferPool(64, capacity=1)
+    held = pool.acquire()
+    for bad in (True, False):
+        with pytest.raises(TypeError, match="timeout"):
+            pool.acquire(bad)
+        with pytest.raises(TypeError, match="timeout"):
+            pool.acquire(timeout=bad)
+    for zero in (np.int64(0), np.float64(0.0), np.uint8(0)):
+        with pytest.raises(kpool.PoolExhausted):
+            pool.acquire(zero)
+    with pytest.raises(ValueError):
+        pool.acquire(np.int64(-1))
+    held.release()
+    with pool.acquire(np.int32(5)) as b:
+        assert b.size == 64
     assert pool.in_use == 0
     # a huge timeout is fine when a buffer is free
     pool.acquire(timeout=1e6).release()

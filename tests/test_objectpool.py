@@ -252,7 +252,88 @@ def test_timeout_wrong_type_and_huge():
         pool.get("1")
     with pytest.raises(OverflowError):
         pool.get(timeout=1e300)
+    for bad in (True, False):
+        with pytest.raises(TypeError, match="timeout"):
+            pool.get(bad)
     assert pool.in_use == 0
+
+
+@pytest.mark.parametrize("at_capacity", [False, True])
+def test_borrow_checks_its_timeout_as_get_does(at_capacity):
+    """borrow(timeout) used to pass the timeout on unchecked: nan spun
+    forever at capacity, -1 raised PoolExhausted, "x" an internal TypeError,
+    and below capacity all of them were accepted silently."""
+    pool = kpool.ObjectPool(list, capacity=1)
+    held = pool.get() if at_capacity else None
+    for bad, exc in ((float("nan"), ValueError), (-1, ValueError), ("x", TypeError), (True, TypeError),
+                     (1e300, OverflowError), (float("inf"), OverflowError)):
+        with pytest.raises(exc):
+            with pool.borrow(bad):
+                pass
+    assert pool.in_use == (1 if at_capacity else 0)
+    if held is not None:
+        pool.put(held)
+    with pool.borrow(0.5) as obj:
+        assert obj == []
+    assert pool.in_use == 0
+
+
+def test_timeout_accepts_numpy_numbers():
+    np = pytest.importorskip("numpy")
+    pool = kpool.ObjectPool(list, capacity=1)
+    held = pool.get()
+    for zero in (np.int64(0), np.float64(0.0)):
+        with pytest.raises(kpool.PoolExhausted):
+            pool.get(zero)
+    pool.put(held)
+    assert pool.get(np.int64(1)) == []
+
+
+@pytest.mark.parametrize("drop", ["beyond_max_idle", "discard", "failed_reset", "clear"])
+def test_capacity_holds_while_close_runs(drop):
+    """An object being closed still exists: its capacity slot is freed only
+    when close(obj) returns. (It used to be freed first, so with capacity=1
+    a second object was created while the first was still open.)"""
+    open_now, most_open = set(), [0]
+    entered, release = threading.Event(), threading.Event()
+
+    def factory():
+        o = object()
+        open_now.add(id(o))
+        most_open[0] = max(most_open[0], len(open_now))
+        return o
+
+    def close(o):
+        entered.set()
+        release.wait(10)
+        open_now.discard(id(o))
+
+    def reset(o):
+        if drop == "failed_reset":
+            raise RuntimeError("broken")
+
+    pool = kpool.ObjectPool(factory, close=close, reset=reset, capacity=1,
+                            max_idle=1 if drop == "clear" else 0)
+    a = pool.get()
+    action = {"beyond_max_idle": lambda: pool.put(a), "discard": lambda: pool.discard(a),
+              "failed_reset": lambda: pool.put(a), "clear": lambda: (pool.put(a), pool.clear())}[drop]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        t = threading.Thread(target=action)
+        t.start()
+        assert entered.wait(10)
+        with pytest.raises(kpool.PoolExhausted):
+            pool.get()                      # a is still open: no room
+        assert pool.stats()["closing"] == 1
+        got = []
+        waiter = threading.Thread(target=lambda: got.append(pool.get(timeout=10)))
+        waiter.start()                      # waits for the slot, then gets it
+        release.set()
+        t.join()
+        waiter.join()
+    assert len(got) == 1 and most_open[0] == 1
+    s = pool.stats()
+    assert s["closing"] == 0 and s["in_use"] == 1
 
 
 def test_capacity_holds_while_reset_runs():
