@@ -56,9 +56,19 @@ def numpy_handler():
 
 
 # What each use_for_numpy() block replaced, innermost first, per context: a
-# linked list (handler, rest). A ContextVar, so that threads and asyncio
-# tasks using the same use_for_numpy object do not restore each other's.
+# linked list (handler, before_global, rest). A ContextVar, so that threads
+# and asyncio tasks using the same use_for_numpy object do not restore each
+# other's. before_global: the handler the global mode replaced, if it was on
+# when the block began (else _NONE).
 _saved = contextvars.ContextVar("kpool.use_for_numpy", default=None)
+_NONE = object()
+
+# The global mode: the use_for_numpy(global_=True) objects not yet restored,
+# and what the first of them replaced (the calling context's handler and
+# _thread_handler). It ends when the last of them is restored, in any order.
+_globals_lock = threading.Lock()
+_active_globals = []
+_global_base = None
 
 # The handler that threads started through threading set first (the global
 # mode), or None; read by the hook _hook_threads installs.
@@ -112,8 +122,11 @@ class use_for_numpy:
     threading from then on. It stays until ``.restore()`` on the returned
     object (or the end of a ``with`` around it), which puts the previous
     handler back in the calling context and stops handing it to new
-    threads; threads already started keep it. A restored object cannot be
-    used again: ``with`` on it raises RuntimeError. Threads that are already
+    threads; threads already started keep it. Several global objects nest
+    in any order: the mode ends when the last of them is restored, and a
+    ``with use_for_numpy()`` block that ends while it is on leaves kpool's
+    handler in place. A restored object cannot be used again: ``with`` on
+    it raises RuntimeError. Threads that are already
     running, or started with _thread.start_new_thread, keep their handler.
 
     Needs numpy 1.22 or newer; ImportError without it.
@@ -122,7 +135,6 @@ class use_for_numpy:
     def __init__(self, global_=False):
         self._ext = _ext()
         self._global = bool(global_)
-        self._restore_to = None
         self._active = False
         if self._global:
             self._start_global()
@@ -136,7 +148,9 @@ class use_for_numpy:
             return self
         ext = self._ext
         old = ext.set_handler(ext.handler())
-        _saved.set((old, _saved.get()))
+        with _globals_lock:
+            before_global = _global_base[0] if _active_globals else _NONE
+        _saved.set((old, before_global, _saved.get()))
         return self
 
     def __exit__(self, exc_type, exc, tb):
@@ -146,32 +160,59 @@ class use_for_numpy:
         entry = _saved.get()
         if entry is None:  # pragma: no cover - an exit without its enter in this context
             raise RuntimeError("use_for_numpy: __exit__ in a context where the block was not entered")
-        old, rest = entry
+        old, before_global, rest = entry
         _saved.set(rest)
+        with _globals_lock:
+            if _active_globals:
+                # the global mode is on (begun before or inside the block): it stays
+                old = self._ext.handler()
+            elif before_global is not _NONE:
+                # it was on when the block began and has ended since
+                old = before_global
         self._ext.set_handler(old)
         return False
 
     # ---- process-wide -----------------------------------------------------------
     def _start_global(self):
-        global _thread_handler
+        global _thread_handler, _global_base
         ext = self._ext
         handler = ext.handler()
-        self._restore_to = (ext.set_handler(handler), _thread_handler)
-        _hook_threads(ext)
-        _thread_handler = handler
-        self._active = True
+        with _globals_lock:
+            previous = ext.set_handler(handler)
+            if not _active_globals:
+                # inside with blocks, what the context had before the outermost
+                entry = _saved.get()
+                while entry is not None:
+                    old, before_global, rest = entry
+                    previous = old if before_global is _NONE else before_global
+                    entry = rest
+                _global_base = (previous, _thread_handler)
+                _hook_threads(ext)
+                _thread_handler = handler
+            _active_globals.append(self)
+            self._active = True
 
     def restore(self):
-        """Undo use_for_numpy(global_=True): the previous handler again in the
-        calling context, and new threads no longer get kpool's. Idempotent."""
-        global _thread_handler
-        if not self._global or not self._active:
+        """Undo use_for_numpy(global_=True): once every such object is
+        restored (in any order), the handler before the first of them again
+        in the calling context (at the end of a ``with use_for_numpy()``
+        block, if called inside one), and new threads no longer get kpool's.
+        Idempotent."""
+        global _thread_handler, _global_base
+        if not self._global:
             return
-        self._active = False
-        old, old_thread = self._restore_to
-        self._restore_to = None
-        _thread_handler = old_thread
-        self._ext.set_handler(old)
+        with _globals_lock:
+            if not self._active:
+                return
+            self._active = False
+            _active_globals.remove(self)
+            if _active_globals:
+                return
+            old, old_thread = _global_base
+            _global_base = None
+            _thread_handler = old_thread
+            if _saved.get() is None:   # inside a block, the block's end restores it
+                self._ext.set_handler(old)
 
     def __repr__(self):
         mode = "global, active" if self._active else ("global, restored" if self._global else "per context")

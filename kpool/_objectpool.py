@@ -39,14 +39,14 @@ _MAY_CREATE = object()   # _take_locked: a creation slot is taken
 _AT_CAPACITY = object()  # _take_locked: nothing idle, no room to create
 
 
-def _count_arg(value, name, minimum):
-    """An int >= minimum (None is the caller's business); TypeError/ValueError."""
-    if isinstance(value, float):
-        raise TypeError("%s must be an int or None, not float" % name)
+def _count_arg(value, name, minimum, none_ok=True):
+    """An int >= minimum (None, where none_ok, is the caller's business);
+    TypeError/ValueError."""
+    kinds = "an int or None" if none_ok else "an int"
     try:
         n = operator.index(value)
     except TypeError:
-        raise TypeError("%s must be an int or None, not %s" % (name, type(value).__name__)) from None
+        raise TypeError("%s must be %s, not %s" % (name, kinds, type(value).__name__)) from None
     if n < minimum:
         raise ValueError("%s must be %s" % (name, "positive" if minimum == 1 else ">= %d" % minimum))
     return n
@@ -124,7 +124,7 @@ class ObjectPool(Generic[T]):
         self._reset = _callable_arg(reset, "reset")
         self._close_obj = _callable_arg(close, "close")
         self._capacity = None if capacity is None else _count_arg(capacity, "capacity", 1)
-        self._max_idle = _count_arg(max_idle, "max_idle", 0)
+        self._max_idle = _count_arg(max_idle, "max_idle", 0, none_ok=False)
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._waiting = 0      # threads waiting in get()
@@ -577,6 +577,10 @@ class ObjectPool(Generic[T]):
             self._destroy(obj)
 
     def __enter__(self) -> "ObjectPool[T]":
+        """ValueError on a closed pool, as BufferPool's."""
+        with self._lock:
+            if self._closed:
+                raise ValueError("with on a closed ObjectPool")
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

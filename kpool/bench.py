@@ -30,6 +30,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
+import operator
 import os
 import platform
 import shlex
@@ -1004,6 +1005,15 @@ class BenchInterrupted(KeyboardInterrupt):
         self.result = result
 
 
+def _int_arg(name, value):
+    """value as an int: an integer (anything with __index__), else TypeError;
+    a float or a string is not silently truncated or parsed."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, not {type(value).__name__}") from None
+
+
 def run(workloads=None, allocators=None, threads=None, ops=None, repeat=None, *, rounds=None, seed=1,
         verify=False, size=32, burst_bytes=None, memory_rounds=None, timeout=300.0, progress=False,
         stress=None, command=None):
@@ -1044,22 +1054,31 @@ def run(workloads=None, allocators=None, threads=None, ops=None, repeat=None, *,
     allocs = [known[a] for a in names if known[a].available]
     if rounds is not None:
         repeat = rounds
-    repeat = DEFAULT_ROUNDS if repeat is None else int(repeat)
+    repeat = DEFAULT_ROUNDS if repeat is None else _int_arg("repeat", repeat)
     if repeat < 1:
         raise ValueError("repeat (rounds) must be >= 1")
-    tlist = [int(t) for t in _as_list(threads, DEFAULT_THREADS)]
+    tlist = [_int_arg("threads", t) for t in _as_list(threads, DEFAULT_THREADS)]
     if any(t < 1 for t in tlist):
         raise ValueError("thread counts must be >= 1")
     if isinstance(ops, dict):
-        opsmap = {**DEFAULT_OPS, **{str(k): int(v) for k, v in ops.items()}}
+        opsmap = {**DEFAULT_OPS, **{str(k): _int_arg("ops", v) for k, v in ops.items()}}
     elif ops is None:
         opsmap = dict(DEFAULT_OPS)
     else:
-        opsmap = {w: int(ops) for w in WORKLOADS}
+        opsmap = {w: _int_arg("ops", ops) for w in WORKLOADS}
     if any(v < 1 for v in opsmap.values()):
         raise ValueError("ops must be >= 1")
-    burst_bytes = DEFAULT_BURST_BYTES if burst_bytes is None else int(burst_bytes)
-    mem_rounds = min(repeat, MEMORY_ROUNDS if memory_rounds is None else int(memory_rounds))
+    burst_bytes = DEFAULT_BURST_BYTES if burst_bytes is None else _int_arg("burst_bytes", burst_bytes)
+    mem_rounds = min(repeat, MEMORY_ROUNDS if memory_rounds is None else _int_arg("memory_rounds", memory_rounds))
+    seed = _int_arg("seed", seed)
+    if seed < 0 or seed + repeat > 1 << 64:
+        raise ValueError("seed must be in 0..2**64-repeat (round r runs with seed + r)")
+    if size is not None:
+        size = _int_arg("size", size)
+        if size < 0:
+            raise ValueError("size must be >= 0")
+    if burst_bytes < 0 or mem_rounds < 1:
+        raise ValueError("burst_bytes must be >= 0 and memory_rounds >= 1")
     only_memory = all(w in MEMORY_WORKLOADS for w in wls)
     mem_threads = tlist if (threads is not None and only_memory) else [1]
 

@@ -326,6 +326,15 @@ def test_bad_arguments():
         bench.run(workloads=["pairs"], allocators=["system"], ops=100, repeat=0)
     with pytest.raises(ValueError):
         bench.run(workloads=["pairs"], allocators=["system"], ops=100, threads=[0], repeat=1)
+    # floats and strings are not truncated or parsed (threads=[1.9] used to run 1 thread)
+    base = dict(workloads=["pairs"], allocators=["null"], ops=100, repeat=1)
+    for bad in (dict(threads=[1.9]), dict(ops=1000.7), dict(repeat=1.9), dict(repeat="3"), dict(seed=1.5),
+                dict(size=32.0), dict(burst_bytes="1"), dict(ops={"pairs": 10.5})):
+        with pytest.raises(TypeError, match="must be an integer"):
+            bench.run(**{**base, **bad})
+    for bad in (dict(seed=-1), dict(seed=(1 << 64) - 1, repeat=2), dict(size=-1), dict(burst_bytes=-1)):
+        with pytest.raises(ValueError):
+            bench.run(**{**base, **bad})
 
 
 def _cli(*args, timeout=300):

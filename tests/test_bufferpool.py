@@ -583,6 +583,25 @@ def test_context_manager_closes():
     p2.close()
 
 
+def test_a_block_that_raises_keeps_its_exception():
+    """A buffer left in use by a block that raised used to turn the block's
+    exception into a BufferError; now the block's propagates and the pool
+    stays open, usable and closable once the buffer is released."""
+    with pytest.raises(KeyError, match="the real error") as info:
+        with kpool.BufferPool(64) as pool:
+            held = pool.acquire()
+            raise KeyError("the real error")
+    assert not isinstance(info.value, BufferError)
+    assert not pool.closed and pool.in_use == 1
+    held.release()
+    pool.close()
+    assert pool.closed
+    with pytest.raises(ValueError):            # a block that raises with nothing in use: closed
+        with kpool.BufferPool(64) as p3:
+            raise ValueError("x")
+    assert p3.closed
+
+
 def test_close_wakes_waiters_with_value_error():
     pool = kpool.BufferPool(64, capacity=1)
     b = pool.acquire()

@@ -318,6 +318,53 @@ def test_global_mode_reaches_new_threads_and_tasks_and_restores():
     assert d["reenter"] == ["RuntimeError", default]
 
 
+def test_global_objects_nest_in_any_order_and_with_blocks():
+    """Two global objects restored out of order used to leave the default
+    handler while one was active, then kpool's for good; a global begun
+    inside a with block was undone at the block's end."""
+    proc = run_python(
+        """
+        import threading, numpy as np, kpool
+        try:
+            from numpy._core.multiarray import get_handler_name
+        except ImportError:
+            from numpy.core.multiarray import get_handler_name
+        def in_thread():
+            out = []
+            t = threading.Thread(target=lambda: out.append(get_handler_name(np.empty(4))))
+            t.start(); t.join()
+            return out[0]
+        def show(tag):
+            print(tag, get_handler_name(), in_thread())
+        show("start")
+        g1 = kpool.use_for_numpy(global_=True)
+        g2 = kpool.use_for_numpy(global_=True)
+        g1.restore()
+        show("g1-restored")
+        g2.restore()
+        show("both-restored")
+        with kpool.use_for_numpy():
+            g3 = kpool.use_for_numpy(global_=True)
+        show("after-block-g3")
+        g3.restore()
+        show("g3-restored")
+        g4 = kpool.use_for_numpy(global_=True)
+        with kpool.use_for_numpy():
+            g4.restore()
+            show("g4-restored-inside")
+        show("after-block-g4")
+        """)
+    d = {line.split()[0]: line.split()[1:] for line in proc.stdout.splitlines()}
+    default = d["start"][0]
+    assert default != "kpool" and d["start"] == [default, default]
+    assert d["g1-restored"] == ["kpool", "kpool"]
+    assert d["both-restored"] == [default, default]
+    assert d["after-block-g3"] == ["kpool", "kpool"]
+    assert d["g3-restored"] == [default, default]
+    assert d["g4-restored-inside"] == ["kpool", default]
+    assert d["after-block-g4"] == [default, default]
+
+
 def test_import_kpool_without_numpy():
     """numpy missing at run time: kpool imports and works, and only the
     numpy functions raise ImportError."""

@@ -226,12 +226,20 @@ def test_bad_capacity_is_value_error(cap):
         kpool.ObjectPool(list, capacity=cap)
 
 
+def test_with_on_a_closed_pool_is_a_value_error():
+    pool = kpool.ObjectPool(list)
+    pool.close()
+    with pytest.raises(ValueError, match="closed"):
+        with pool:
+            pass
+
+
 def test_bad_argument_types():
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="capacity must be an int or None, not str"):
         kpool.ObjectPool(list, capacity="2")
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="capacity must be an int or None, not float"):
         kpool.ObjectPool(list, capacity=2.0)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="max_idle must be an int, not NoneType"):   # None is not offered
         kpool.ObjectPool(list, max_idle=None)
     with pytest.raises(ValueError):
         kpool.ObjectPool(list, max_idle=-1)

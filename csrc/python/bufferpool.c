@@ -382,8 +382,15 @@ static PyObject *bufferpool_enter(kpy_bufferpool *self, PyObject *unused) {
     return Py_NewRef((PyObject *)self);
 }
 
+/* A block that raised keeps its exception: buffers it left in use (often
+ * held by its own frame) do not turn it into a BufferError; the pool then
+ * stays open and goes with its last buffer. */
 static PyObject *bufferpool_exit(kpy_bufferpool *self, PyObject *args) {
-    if (do_close(self) < 0) return NULL;
+    PyObject *exc_type = PyTuple_GET_SIZE(args) > 0 ? PyTuple_GET_ITEM(args, 0) : Py_None;
+    if (do_close(self) < 0) {
+        if (exc_type == Py_None || !PyErr_ExceptionMatches(PyExc_BufferError)) return NULL;
+        PyErr_Clear();
+    }
     Py_RETURN_FALSE;
 }
 
@@ -628,7 +635,10 @@ static PyMethodDef bufferpool_methods[] = {
      "close($self, /)\n--\n\nFree the pool's memory. BufferError while buffers are in use; idempotent.\n"
      "A closed pool raises ValueError on acquire()."},
     {"__enter__", (PyCFunction)(void (*)(void))bufferpool_enter, METH_NOARGS, "Return the pool itself."},
-    {"__exit__", (PyCFunction)(void (*)(void))bufferpool_exit, METH_VARARGS, "Close the pool."},
+    {"__exit__", (PyCFunction)(void (*)(void))bufferpool_exit, METH_VARARGS,
+     "Close the pool (BufferError if buffers are still in use). If the block\n"
+     "raised, its exception propagates instead, and with buffers in use the\n"
+     "pool stays open."},
     {NULL, NULL, 0, NULL},
 };
 

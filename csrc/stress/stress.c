@@ -54,6 +54,7 @@ enum { AL_KPOOL, AL_KPOOL_POOL, AL_SYSTEM, AL_NULL };
 
 #define KPS_CACHELINE 64
 #define KPS_SAMPLE_MASK 1023u        /* one op in 1024 is timed */
+#define KPS_SAMPLES_MAX ((size_t)1 << 22)   /* latency samples kept, all threads together */
 #define KPS_STOP_EVERY 4096u         /* ops between two looks at the stop flag */
 #define KPS_MAX_THREADS 4096
 #define KPS_MAX_SIZE ((size_t)1 << 30)
@@ -118,8 +119,10 @@ struct kps_thread {
     uint64_t done;             /* ops done */
     uint64_t t_start, t_end;   /* ns, CLOCK_MONOTONIC */
     uint64_t t_phase[8];       /* burst/frag phase times */
-    uint64_t *samples;         /* mmap'd */
+    uint64_t *samples;         /* mmap'd: a uniform sample (reservoir) of the timed ops */
     size_t nsamples, cap;
+    uint64_t timed;            /* timed ops seen, kept or not */
+    uint64_t sample_rng;       /* the reservoir's own generator: the workload's sequence stays the seed's */
     uint64_t corrupt;
     char err[200];
     unsigned char *nullbuf;    /* mmap'd, for the null allocator */
@@ -484,8 +487,16 @@ KPS_INLINE void put_block(kps_thread *t, const alloc_vt *vt, void *p, size_t n, 
     vt->release(t, p, n);
 }
 
+/* Keep dt in the thread's reservoir: every timed op has the same chance of
+ * being kept, however long the run, in memory that does not grow with ops. */
 KPS_INLINE void add_sample(kps_thread *t, uint64_t dt) {
-    if (t->nsamples < t->cap) t->samples[t->nsamples++] = dt;
+    uint64_t seen = ++t->timed;
+    if (t->nsamples < t->cap) {
+        t->samples[t->nsamples++] = dt;
+        return;
+    }
+    uint64_t j = rnd(&t->sample_rng) % seen;
+    if (j < t->cap) t->samples[j] = dt;
 }
 
 static size_t size_mixed(uint64_t r) {
@@ -1080,7 +1091,13 @@ static int prepare_thread(kps_run *r, kps_thread *t, int i) {
         if (!t->slots2) return -1;
         prefault(t->slots2, t->nslots2 * sizeof(slot));
     }
-    t->cap = (size_t)(work / (KPS_SAMPLE_MASK + 1)) + 4;
+    /* Up to KPS_SAMPLES_MAX samples over all threads (32 MiB): a run
+     * asked for 10^12 ops maps no more, and starts as soon as a short one. */
+    size_t per_thread_max = KPS_SAMPLES_MAX / (size_t)r->cfg.threads + 4;
+    uint64_t want = work / (KPS_SAMPLE_MASK + 1) + 4;
+    t->cap = want < per_thread_max ? (size_t)want : per_thread_max;
+    t->sample_rng = t->rng ^ 0x9e3779b97f4a7c15ull;
+    if (!t->sample_rng) t->sample_rng = 1;
     t->samples = map_bytes(t->cap * sizeof(uint64_t));
     if (!t->samples) return -1;
     prefault(t->samples, t->cap * sizeof(uint64_t));
@@ -1093,7 +1110,7 @@ static int prepare_thread(kps_run *r, kps_thread *t, int i) {
     return 0;
 }
 
-int kps_start(const kps_config *cfg, kps_run **out, char *err, size_t errlen) {
+static int start_run(const kps_config *cfg, kps_run **out, char *err, size_t errlen) {
     if (err && errlen) err[0] = 0;
     if (!cfg || !out) {
         fmt_err(err, errlen, "no configuration");
@@ -1222,9 +1239,18 @@ int kps_start(const kps_config *cfg, kps_run **out, char *err, size_t errlen) {
         free_arrays(r);
         return -2;
     }
-    atomic_fetch_add_explicit(&kps_in_progress, 1, memory_order_relaxed);
     *out = r;
     return 0;
+}
+
+/* A run counts as in progress from here, its setup (mapping and touching
+ * its arrays) included, so kps_cancel_all counts it; a cancel during setup
+ * stops it as soon as its threads start (the epoch it took has moved). */
+int kps_start(const kps_config *cfg, kps_run **out, char *err, size_t errlen) {
+    atomic_fetch_add_explicit(&kps_in_progress, 1, memory_order_relaxed);
+    int rc = start_run(cfg, out, err, errlen);
+    if (rc != 0) atomic_fetch_sub_explicit(&kps_in_progress, 1, memory_order_relaxed);
+    return rc;
 }
 
 int kps_wait(kps_run *run, int timeout_ms) {
