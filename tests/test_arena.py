@@ -77,6 +77,27 @@ def test_reset_kills_old_blocks():
     assert not c.released
 
 
+def test_generation_counts_the_resets():
+    """Arena.generation: how many times the arena was reset; a refused
+    reset (a block exported) does not count."""
+    a = kpool.Arena()
+    assert a.generation == 0
+    a.reset()
+    a.reset()
+    assert a.generation == 2
+    b = a.alloc(16)
+    m = memoryview(b)
+    with pytest.raises(BufferError):
+        a.reset()
+    assert a.generation == 2
+    m.release()
+    with a:
+        a.alloc(8)
+    assert a.generation == 3               # the with block's reset
+    with pytest.raises(AttributeError):
+        a.generation = 0
+
+
 def test_reset_refused_while_a_block_is_exported():
     a = kpool.Arena()
     b = a.alloc(64)

@@ -203,6 +203,56 @@ def test_many_coroutines_and_threads_share_an_objectpool():
     assert s["gets"] == s["puts"] == 50 * 11 and s["in_use"] == 0 and s["created"] <= cap
 
 
+def test_pools_shared_by_several_event_loops_in_threads():
+    """The class docstrings: safe from many threads and several event
+    loops. Four threads, each with its own asyncio.run, share one
+    ObjectPool and one BufferPool of capacity 1: every waiter is woken in
+    its own loop, nobody holds two at once, and nothing is lost."""
+    objects = kpool.ObjectPool(lambda: [0], capacity=1)
+    buffers = kpool.BufferPool(64, capacity=1)
+    holders, errors = [0, 0], []
+    lock = threading.Lock()
+
+    async def worker(n):
+        for _ in range(n):
+            async with objects.borrow_async(timeout=30) as o:
+                with lock:
+                    holders[0] += 1
+                    assert holders[0] == 1
+                o[0] += 1
+                await asyncio.sleep(0)
+                with lock:
+                    holders[0] -= 1
+            b = await buffers.acquire_async(timeout=30)
+            with lock:
+                holders[1] += 1
+                assert holders[1] == 1
+            await asyncio.sleep(0)
+            with lock:
+                holders[1] -= 1
+            b.release()
+
+    async def loop_main():
+        await asyncio.wait_for(asyncio.gather(*(worker(25) for _ in range(3))), 60)
+
+    def thread_main():
+        try:
+            asyncio.run(loop_main())
+        except BaseException as e:  # pragma: no cover
+            errors.append(e)
+
+    ts = [threading.Thread(target=thread_main) for _ in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors, errors[0]
+    s = objects.stats()
+    assert s["gets"] == s["puts"] == 4 * 3 * 25 and s["created"] == 1 and s["in_use"] == 0
+    assert objects.get() == [4 * 3 * 25]
+    assert buffers.stats()["acquires"] == 4 * 3 * 25 and buffers.in_use == 0
+
+
 def test_the_helper_ends_when_its_only_waiter_is_cancelled():
     """_aio: the helper thread ends as soon as no coroutine waits, without a
     release to wake it, and takes nothing from the pool: a buffer released

@@ -365,6 +365,46 @@ def test_global_objects_nest_in_any_order_and_with_blocks():
     assert d["after-block-g4"] == [default, default]
 
 
+def test_global_mode_and_threads_already_running_or_not_from_threading():
+    """Threads already running when the global mode starts, and threads
+    started with _thread.start_new_thread, keep their handler; a thread
+    started during it keeps kpool's after restore()."""
+    proc = run_python(
+        """
+        import _thread, threading, numpy as np, kpool
+        try:
+            from numpy._core.multiarray import get_handler_name
+        except ImportError:
+            from numpy.core.multiarray import get_handler_name
+        go_early, go_during, done = threading.Event(), threading.Event(), []
+        def early():
+            go_early.wait(10)
+            print("early", get_handler_name(), get_handler_name(np.empty(4)))
+        def during():
+            go_during.wait(10)
+            print("during-after-restore", get_handler_name(), get_handler_name(np.empty(4)))
+        def raw():
+            print("raw", get_handler_name())
+            done.append(1)
+        t1 = threading.Thread(target=early); t1.start()
+        g = kpool.use_for_numpy(global_=True)
+        t2 = threading.Thread(target=during); t2.start()
+        go_early.set(); t1.join()
+        _thread.start_new_thread(raw, ())
+        while not done:
+            pass
+        g.restore()
+        go_during.set(); t2.join()
+        print("main", get_handler_name())
+        """)
+    d = {line.split()[0]: line.split()[1:] for line in proc.stdout.splitlines()}
+    default = d["main"][0]
+    assert default != "kpool"
+    assert d["early"] == [default, default]
+    assert d["raw"] == [default]
+    assert d["during-after-restore"] == ["kpool", "kpool"]
+
+
 def test_import_kpool_without_numpy():
     """numpy missing at run time: kpool imports and works, and only the
     numpy functions raise ImportError."""
