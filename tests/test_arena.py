@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from conftest import bytes_in_use, kpool
+from conftest import bytes_in_use, kpool, run_python
 
 
 def test_alloc_gives_blocks_of_size():
@@ -251,6 +251,25 @@ def test_alloc_argument_errors():
 def test_bad_chunk_size(chunk):
     with pytest.raises(ValueError):
         kpool.Arena(chunk)
+
+
+def test_a_chunk_that_cannot_be_mapped_says_so():
+    """MemoryError names the chunk when the chunk's mapping failed (it used
+    to say only "cannot allocate 1 bytes"); the arena stays usable."""
+    proc = run_python(
+        """
+        import resource, kpool
+        resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
+        a = kpool.Arena(chunk_size=64 << 30)
+        try:
+            a.alloc(1)
+        except MemoryError as e:
+            print("error", e)
+        b = kpool.Arena().alloc(100)
+        print("other", b.size)
+        """)
+    assert "Arena.alloc: cannot allocate 1 bytes (a new chunk of 68719476736 bytes)" in proc.stdout
+    assert "other 100" in proc.stdout
 
 
 def test_chunk_size_wrong_type_and_huge():

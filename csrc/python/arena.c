@@ -86,6 +86,9 @@ static PyObject *arena_alloc(kpy_arena *self, PyObject *const *args, Py_ssize_t 
     arena_unlock(self);
     if (!p) {
         if (err == EINVAL) PyErr_SetString(PyExc_ValueError, "invalid Arena.alloc arguments");
+        else if ((size_t)size < self->chunk_size)   /* what failed was the chunk's mapping */
+            PyErr_Format(PyExc_MemoryError, "Arena.alloc: cannot allocate %zd bytes (a new chunk of %zu bytes)",
+                         size, (size_t)self->chunk_size);
         else kpy_no_memory("Arena.alloc", (size_t)size);
         return NULL;
     }
