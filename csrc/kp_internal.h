@@ -310,6 +310,7 @@ KP_INTERNAL int _kp_mesh_join(kp_span *dst, kp_span *src, const uint64_t *src_li
 KP_INTERNAL int _kp_mesh_undo(kp_span *p);
 enum { KP_MESH_FAIL_FILE, KP_MESH_FAIL_MOVE, KP_MESH_FAIL_ANON };
 KP_INTERNAL void _kp_mesh_fail_next(int kind, int n);   /* test hook: the next n remaps of a kind fail */
+KP_INTERNAL size_t _kp_mesh_budget(size_t members);   /* test hook: set the mapping budget (0: read it); the previous */
 KP_INTERNAL size_t _kp_mesh_all(void);      /* kp_trim: mesh every class; bytes given back */
 KP_INTERNAL void _kp_mesh_tick(void);       /* the decay path: a bounded pass, at most every KP_MESH_PERIOD_MS */
 KP_INTERNAL void _kp_mesh_fork_prepare(void);   /* takes the mesh lock, makes every group private */

@@ -84,7 +84,7 @@ static int memfd = -1;
 static kp_lock mesh_lock = { .mutex = PTHREAD_MUTEX_INITIALIZER };
 static _Atomic size_t meshed_bytes;        /* sum over groups of (members mapping the file page - 1) pages */
 static _Atomic size_t mapped_members;      /* members of groups (each a kernel mapping of its own) */
-static size_t max_members;                 /* the VMA budget, in members */
+static _Atomic size_t max_members;         /* the VMA budget, in members */
 static _Atomic uint64_t joins, windows;    /* windows: write-protect windows closed */
 static _Atomic uint64_t fault_waits;       /* writes that waited for a window (tests read it) */
 static kp_span *groups[KP_NUM_CLASSES];    /* primaries of groups, under the class lock */
@@ -106,7 +106,10 @@ static void set_mapped(kp_span *p, unsigned mapped) {
     p->mesh_mapped = (uint8_t)mapped;
 }
 
-/* ---- test hook: make the next remaps fail -------------------------------------- */
+/* ---- test hooks: the mapping budget, and remaps that fail ------------------------- */
+size_t _kp_mesh_budget(size_t members) {
+    return members ? atomic_exchange(&max_members, members) : atomic_load(&max_members);
+}
 static _Atomic int fail_next[3];   /* KP_MESH_FAIL_FILE, _MOVE, _ANON */
 void _kp_mesh_fail_next(int kind, int n) { atomic_store(&fail_next[kind], n); }
 static int should_fail(int kind) {

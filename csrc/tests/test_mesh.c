@@ -25,6 +25,7 @@ int _kp_pageheap_is_valid(void);
 uint64_t _kp_mesh_fault_waits(void);
 void _kp_mesh_figures(size_t *bytes_meshed, uint64_t *meshes);
 void _kp_mesh_fail_next(int kind, int n);
+size_t _kp_mesh_budget(size_t members);
 enum { FAIL_FILE, FAIL_MOVE, FAIL_ANON };   /* kp_internal.h's KP_MESH_FAIL_* */
 
 /* Proportional resident bytes (smaps_rollup's Pss): a page mapped at two
@@ -499,6 +500,44 @@ static void test_fork_rounds_keep_the_mappings_bounded(void) {
     CHECK_EQ(stats_now().bytes_meshed, 0);
 }
 
+/* kpool.h: meshing stops at a quarter of vm.max_map_count (each member is
+ * a kernel mapping). With the budget cut to a few members, kp_trim meshes
+ * up to it and no further; given the budget back, it meshes more. */
+static void test_meshing_stops_at_its_mapping_budget(void) {
+    FILE *f = fopen("/proc/sys/vm/max_map_count", "r");
+    long max_map_count = 65530;
+    if (f) {
+        if (fscanf(f, "%ld", &max_map_count) != 1) max_map_count = 65530;
+        fclose(f);
+    }
+    CHECK_EQ(_kp_mesh_budget(0), (size_t)max_map_count / 4);
+    enum { BUDGET = 8 };
+    size_t k;
+    void **b = sparse(40000, 128, &k);
+    kp_thread_flush();
+    kp_stats st0 = stats_now();
+    int maps0 = count_maps();
+    size_t saved = _kp_mesh_budget(BUDGET);
+    kp_trim();
+    kp_stats st1 = stats_now();
+    int maps1 = count_maps();
+    printf("  budget %d members: %llu meshes, %zu bytes meshed, %d more kernel mappings\n", BUDGET,
+           (unsigned long long)(st1.meshes - st0.meshes), st1.bytes_meshed, maps1 - maps0);
+    CHECK(st1.meshes > st0.meshes);                       /* it meshed ... */
+    CHECK(st1.meshes - st0.meshes < BUDGET);              /* ... each join a member more, within the budget */
+    CHECK(maps1 - maps0 <= 2 * BUDGET + 8);
+    CHECK(all_intact(b, k, 128));
+    _kp_mesh_budget(saved);
+    kp_trim();
+    kp_stats st2 = stats_now();
+    CHECK(st2.bytes_meshed > st1.bytes_meshed);           /* the budget was what stopped it */
+    CHECK(all_intact(b, k, 128));
+    CHECK(all_valid());
+    free_all(b, k);
+    kp_trim();
+    CHECK_EQ(stats_now().bytes_meshed, 0);
+}
+
 /* A join whose last remap fails has written the source's objects into the
  * destination's free slots: its free list must be rebuilt, not followed. */
 static void test_join_that_fails_late_keeps_lists_sound(void) {
@@ -829,6 +868,7 @@ int main(void) {
     RUN(test_fork_gives_private_pages);
     RUN(test_parent_and_child_mesh_apart);
     RUN(test_fork_rounds_keep_the_mappings_bounded);
+    RUN(test_meshing_stops_at_its_mapping_budget);
     RUN(test_join_that_fails_late_keeps_lists_sound);
     RUN(test_fork_copy_that_fails_loses_nothing);
     RUN(test_undo_that_fails_keeps_the_group);
