@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 
@@ -66,6 +67,26 @@ def run_python(code, timeout=120, env=None, expect_rc=0):
 def python_script():
     """run_python as a fixture."""
     return run_python
+
+
+def run_in_threads(target, n):
+    """Run target() in n threads at once; re-raise the first exception one
+    of them raised, after all have ended."""
+    errors = []
+
+    def run():
+        try:
+            target()
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
 
 
 def bytes_in_use():

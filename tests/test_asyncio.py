@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import kpool
+from conftest import kpool, run_in_threads
 
 
 async def _ticker(counter):
@@ -210,7 +210,7 @@ def test_pools_shared_by_several_event_loops_in_threads():
     its own loop, nobody holds two at once, and nothing is lost."""
     objects = kpool.ObjectPool(lambda: [0], capacity=1)
     buffers = kpool.BufferPool(64, capacity=1)
-    holders, errors = [0, 0], []
+    holders = [0, 0]
     lock = threading.Lock()
 
     async def worker(n):
@@ -235,18 +235,7 @@ def test_pools_shared_by_several_event_loops_in_threads():
     async def loop_main():
         await asyncio.wait_for(asyncio.gather(*(worker(25) for _ in range(3))), 60)
 
-    def thread_main():
-        try:
-            asyncio.run(loop_main())
-        except BaseException as e:  # pragma: no cover
-            errors.append(e)
-
-    ts = [threading.Thread(target=thread_main) for _ in range(4)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    assert not errors, errors[0]
+    run_in_threads(lambda: asyncio.run(loop_main()), 4)
     s = objects.stats()
     assert s["gets"] == s["puts"] == 4 * 3 * 25 and s["created"] == 1 and s["in_use"] == 0
     assert objects.get() == [4 * 3 * 25]

@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 import threading
 
 import pytest
@@ -266,19 +267,26 @@ def test_asyncio_tasks_see_the_handler_only_in_their_own_context():
                     "other": (DEFAULT, DEFAULT), "main": DEFAULT}
 
 
+# The start of the subprocess scripts below: numpy, kpool, and the handler a
+# new threading.Thread's first array gets.
+HANDLER_SCRIPT = """
+import threading, numpy as np, kpool
+try:
+    from numpy._core.multiarray import get_handler_name
+except ImportError:
+    from numpy.core.multiarray import get_handler_name
+def in_thread():
+    out = []
+    t = threading.Thread(target=lambda: out.append(get_handler_name(np.empty(4))))
+    t.start(); t.join()
+    return out[0]
+"""
+
+
 def test_global_mode_reaches_new_threads_and_tasks_and_restores():
-    proc = run_python(
+    proc = run_python(HANDLER_SCRIPT + textwrap.dedent(
         """
-        import asyncio, threading, numpy as np, kpool
-        try:
-            from numpy._core.multiarray import get_handler_name
-        except ImportError:
-            from numpy.core.multiarray import get_handler_name
-        def in_thread():
-            out = []
-            t = threading.Thread(target=lambda: out.append(get_handler_name(np.empty(4))))
-            t.start(); t.join()
-            return out[0]
+        import asyncio
         async def task():
             return get_handler_name(np.empty(4))
         print("before", get_handler_name(), in_thread())
@@ -305,7 +313,7 @@ def test_global_mode_reaches_new_threads_and_tasks_and_restores():
                 pass
         except RuntimeError as e:
             print("reenter", "RuntimeError", get_handler_name())
-        """)
+        """))
     d = {line.split()[0]: line.split()[1:] for line in proc.stdout.splitlines()}
     default = d["before"][0]
     assert d["before"] == [default, default] and default != "kpool"
@@ -322,18 +330,8 @@ def test_global_objects_nest_in_any_order_and_with_blocks():
     """Two global objects restored out of order used to leave the default
     handler while one was active, then kpool's for good; a global begun
     inside a with block was undone at the block's end."""
-    proc = run_python(
+    proc = run_python(HANDLER_SCRIPT + textwrap.dedent(
         """
-        import threading, numpy as np, kpool
-        try:
-            from numpy._core.multiarray import get_handler_name
-        except ImportError:
-            from numpy.core.multiarray import get_handler_name
-        def in_thread():
-            out = []
-            t = threading.Thread(target=lambda: out.append(get_handler_name(np.empty(4))))
-            t.start(); t.join()
-            return out[0]
         def show(tag):
             print(tag, get_handler_name(), in_thread())
         show("start")
@@ -353,7 +351,7 @@ def test_global_objects_nest_in_any_order_and_with_blocks():
             g4.restore()
             show("g4-restored-inside")
         show("after-block-g4")
-        """)
+        """))
     d = {line.split()[0]: line.split()[1:] for line in proc.stdout.splitlines()}
     default = d["start"][0]
     assert default != "kpool" and d["start"] == [default, default]
@@ -369,13 +367,9 @@ def test_global_mode_and_threads_already_running_or_not_from_threading():
     """Threads already running when the global mode starts, and threads
     started with _thread.start_new_thread, keep their handler; a thread
     started during it keeps kpool's after restore()."""
-    proc = run_python(
+    proc = run_python(HANDLER_SCRIPT + textwrap.dedent(
         """
-        import _thread, threading, numpy as np, kpool
-        try:
-            from numpy._core.multiarray import get_handler_name
-        except ImportError:
-            from numpy.core.multiarray import get_handler_name
+        import _thread
         go_early, go_during, done = threading.Event(), threading.Event(), []
         def early():
             go_early.wait(10)
@@ -396,7 +390,7 @@ def test_global_mode_and_threads_already_running_or_not_from_threading():
         g.restore()
         go_during.set(); t2.join()
         print("main", get_handler_name())
-        """)
+        """))
     d = {line.split()[0]: line.split()[1:] for line in proc.stdout.splitlines()}
     default = d["main"][0]
     assert default != "kpool"

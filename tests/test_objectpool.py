@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 
-from conftest import kpool, run_python
+from conftest import kpool, run_in_threads, run_python
 
 
 def test_get_put_reuses_objects():
@@ -351,34 +351,26 @@ def test_capacity_holds_while_reset_runs():
     An object being reset still holds its capacity slot."""
     cap, nthreads, rounds = 3, 8, 60
     pool = kpool.ObjectPool(lambda: [0], reset=lambda o: time.sleep(0.0005), capacity=cap)
-    errors, peaks = [], []
+    peaks = []
     lock = threading.Lock()
     out = set()
 
     def worker():
-        try:
-            for _ in range(rounds):
-                with pool.borrow(timeout=None) as obj:
-                    s = pool.stats()
-                    with lock:
-                        assert id(obj) not in out   # never handed to two threads at once
-                        out.add(id(obj))
-                        peaks.append((s["in_use"], s["created"], s["in_use"] + s["resetting"]))
-                    assert s["in_use"] <= cap, s
-                    assert s["created"] <= cap, s
-                    assert s["in_use"] + s["resetting"] <= cap, s
-                    time.sleep(0.0002)
-                    with lock:
-                        out.discard(id(obj))
-        except BaseException as e:  # pragma: no cover - the failure is the test's point
-            errors.append(e)
+        for _ in range(rounds):
+            with pool.borrow(timeout=None) as obj:
+                s = pool.stats()
+                with lock:
+                    assert id(obj) not in out   # never handed to two threads at once
+                    out.add(id(obj))
+                    peaks.append((s["in_use"], s["created"], s["in_use"] + s["resetting"]))
+                assert s["in_use"] <= cap, s
+                assert s["created"] <= cap, s
+                assert s["in_use"] + s["resetting"] <= cap, s
+                time.sleep(0.0002)
+                with lock:
+                    out.discard(id(obj))
 
-    ts = [threading.Thread(target=worker) for _ in range(nthreads)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    assert not errors, errors[0]
+    run_in_threads(worker, nthreads)
     s = pool.stats()
     assert s["created"] <= cap and s["high_water"] <= cap, s
     assert s["in_use"] == 0 and s["resetting"] == 0 and s["idle"] == s["created"]
