@@ -458,15 +458,28 @@ def main(argv=None):
             state = "" if not need or shutil.which(need) else f"  (unavailable: {need} not installed)"
             print(f"  {w:<11} {desc}; N = {size} (--quick {qsize}){state}")
         return 0
-    rounds = a.rounds or (1 if a.quick else 5)
+    rounds = a.rounds if a.rounds is not None else (1 if a.quick else 5)
     if rounds < 1:
         print("kpool bench --real: --rounds must be at least 1", file=sys.stderr)
         return 2
+    if a.save:   # a path that cannot be written fails now, not after the whole run
+        existed = os.path.exists(a.save)
+        try:
+            with open(a.save, "a"):
+                pass
+            if not existed:
+                os.remove(a.save)
+        except OSError as e:
+            print(f"kpool bench --real: cannot write {a.save}: {e.strerror or e}", file=sys.stderr)
+            return 2
     try:
         res = run(a.workloads, a.allocators, rounds=rounds, quick=a.quick, progress=not a.no_progress)
     except ValueError as e:
         print(f"kpool bench --real: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("kpool bench --real: interrupted; nothing saved", file=sys.stderr)
+        return 130
     m = res["meta"]["machine"]
     print(f"kpool bench --real: {m.get('cpu')} ({m.get('cores')} cores), Linux {m.get('kernel')}, "
           f"{m.get('glibc')}, kpool {m.get('kpool')}")
@@ -475,8 +488,12 @@ def main(argv=None):
         print(f"  {w}: {c[:150]}")
     print()
     print(table(res))
-    if a.save:
-        save(res, a.save)
-        print(f"saved: {a.save}")
     failed = any(r.get("error") for r in res["records"])
+    if a.save:
+        try:
+            save(res, a.save)
+            print(f"saved: {a.save}")
+        except OSError as e:
+            print(f"kpool bench --real: cannot write {a.save}: {e.strerror or e}", file=sys.stderr)
+            return 1
     return 1 if failed else 0

@@ -91,6 +91,8 @@ DEFAULT_OPS = {
     "frag": 1_000_000,
 }
 DEFAULT_BURST_BYTES = 1 << 30
+FORMAT_VERSION = 1   # of the JSON that Result.save writes
+STRESS_MAX_THREADS = 4096   # kpool-stress refuses more (csrc/stress/main.c)
 DEFAULT_THREADS = (1, 2, 8)
 DEFAULT_ROUNDS = 5
 MEMORY_ROUNDS = 2               # burst sleeps 1 s per measurement
@@ -677,11 +679,14 @@ class Result:
 
     # -- conversions --------------------------------------------------------
     def to_numpy(self):
-        """A numpy structured array, one row per workload x allocator x threads x round."""
+        """A numpy structured array, one row per workload x allocator x threads x
+        round; ok is False for a measurement that failed (an error, or corrupt
+        blocks), which summary() leaves out too."""
         import numpy as np
         width = max([len(str(r.get("workload", ""))) for r in self.records] +
                     [len(str(r.get("allocator", ""))) for r in self.records] + [16])
-        dtype = [("workload", f"U{width}"), ("allocator", f"U{width}"), ("threads", "i4"), ("round", "i4")]
+        dtype = [("workload", f"U{width}"), ("allocator", f"U{width}"), ("threads", "i4"), ("round", "i4"),
+                 ("ok", "?")]
         dtype += _NUM_FIELDS
         arr = np.zeros(len(self.records), dtype=dtype)
         for i, r in enumerate(self.records):
@@ -689,6 +694,7 @@ class Result:
             arr[i]["allocator"] = r.get("allocator", "")
             arr[i]["threads"] = int(r.get("threads") or 0)
             arr[i]["round"] = int(r.get("round") or 0)
+            arr[i]["ok"] = _ok(r)
             for f, kind in _NUM_FIELDS:
                 v = r.get(f)
                 if kind == "i8":
@@ -709,7 +715,7 @@ class Result:
 
     # -- files --------------------------------------------------------------
     def to_dict(self):
-        d = {"format": "kpool-bench", "version": 1}
+        d = {"format": "kpool-bench", "version": FORMAT_VERSION}
         if self.partial:
             d["partial"] = True
         d.update(meta=self.meta, records=self.records)
@@ -827,17 +833,39 @@ def _ok(r):
     return r.get("error") is None and not r.get("corrupt") and r.get("ops_per_sec") is not None
 
 
+def _is_record(r):
+    """True if r has the shape of a measurement: names as strings, counts
+    as integers, figures as numbers (or missing, or None)."""
+    if not isinstance(r, dict):
+        return False
+    names_ok = all(isinstance(r.get(k, ""), str) for k in ("workload", "allocator"))
+    counts_ok = all(isinstance(r.get(k, 0), int) and not isinstance(r.get(k, 0), bool) for k in ("threads", "round"))
+    figures_ok = all(r.get(f) is None or (isinstance(r[f], (int, float)) and not isinstance(r[f], bool))
+                     for f, _ in _NUM_FIELDS)
+    return names_ok and counts_ok and figures_ok
+
+
 def load(path):
-    """Read a run written by Result.save()."""
+    """Read a run written by Result.save(). ValueError for a file that is
+    not one: not JSON, records that are not measurements, a newer format
+    version than this kpool reads."""
     with open(path) as f:
         data = json.load(f)
     if isinstance(data, list):
-        return Result(data, {})
+        data = {"records": data}
     if not isinstance(data, dict) or data.get("format") not in (None, "kpool-bench") or "records" not in data:
         raise ValueError(f"{path}: not a kpool bench run")
-    if (data.get("meta") or {}).get("kind") == "real":
+    version = data.get("version", 1)
+    if not isinstance(version, int) or not 1 <= version <= FORMAT_VERSION:
+        raise ValueError(f"{path}: format version {version!r}; this kpool reads versions 1..{FORMAT_VERSION}")
+    records, meta = data["records"], data.get("meta", {})
+    if not isinstance(records, list) or not all(_is_record(r) for r in records):
+        raise ValueError(f"{path}: its records are not a list of measurements")
+    if not isinstance(meta, dict) or not all(isinstance(meta.get(k, {}), dict)
+                                             for k in ("machine", "libraries", "params", "unavailable")):
+        raise ValueError(f"{path}: its meta is not a kpool bench run's")
+    if meta.get("kind") == "real":
         raise ValueError(f"{path}: a real-program run (python -m kpool bench --real), not a kpool-stress run")
-    meta = data.get("meta", {})
     if data.get("partial"):
         meta = dict(meta, partial=True)
     res = Result(data.get("records", []), meta)
@@ -905,12 +933,22 @@ def compare(old, new):
                      f"{_fmt(p['mops_median'])} | {_fmt(s['mops_median'])} | {_fmt(ch, 1)}% | "
                      f"{_fmt(p['ratio_median'], 2)} | {_fmt(s['ratio_median'], 2)} |")
     od, nd = (old.meta.get("machine") or {}).get("date"), (new.meta.get("machine") or {}).get("date")
+    if len(lines) == 2:
+        return (f"Compared: old {od} -> new {nd}: the runs have no workload x threads x allocator in common "
+                "(nothing to compare)\n")
     return f"Compared: old {od} -> new {nd}\n\n" + "\n".join(lines) + "\n"
 
 
 # ---------------------------------------------------------------------------
 # Running
 # ---------------------------------------------------------------------------
+def _unique(items):
+    """items without repeats, in their first order: a name given twice is
+    measured once (twice would count as two rounds, and the baseline of a
+    round would be whichever system record came last)."""
+    return list(dict.fromkeys(items))
+
+
 def _as_list(x, default):
     if x is None:
         return list(default)
@@ -1039,12 +1077,16 @@ def run(workloads=None, allocators=None, threads=None, ops=None, repeat=None, *,
     if exe is None or not Path(exe).is_file():
         raise FileNotFoundError("kpool-stress not found: install kpool, build csrc/ (make -C csrc), "
                                 "or set KPOOL_STRESS")
-    wls = [str(w) for w in _as_list(workloads, MAIN_WORKLOADS + MEMORY_WORKLOADS)]
+    wls = _unique(str(w) for w in _as_list(workloads, MAIN_WORKLOADS + MEMORY_WORKLOADS))
+    if not wls:
+        raise ValueError("no workloads to run")
     for w in wls:
         if w not in WORKLOADS:
             raise ValueError(f"unknown workload {w!r}; one of {', '.join(WORKLOADS)}")
     known = {a.name: a for a in globals()["allocators"]()}
-    names = [str(a) for a in _as_list(allocators, [a for a in ALLOCATORS if known[a].available])]
+    names = _unique(str(a) for a in _as_list(allocators, [a for a in ALLOCATORS if known[a].available]))
+    if not names:
+        raise ValueError("no allocators to run")
     for a in names:
         if a not in known:
             raise ValueError(f"unknown allocator {a!r}; one of {', '.join(ALLOCATORS)}")
@@ -1057,17 +1099,17 @@ def run(workloads=None, allocators=None, threads=None, ops=None, repeat=None, *,
     repeat = DEFAULT_ROUNDS if repeat is None else _int_arg("repeat", repeat)
     if repeat < 1:
         raise ValueError("repeat (rounds) must be >= 1")
-    tlist = [_int_arg("threads", t) for t in _as_list(threads, DEFAULT_THREADS)]
-    if any(t < 1 for t in tlist):
-        raise ValueError("thread counts must be >= 1")
+    tlist = _unique(_int_arg("threads", t) for t in _as_list(threads, DEFAULT_THREADS))
+    if not tlist or any(t < 1 or t > STRESS_MAX_THREADS for t in tlist):
+        raise ValueError(f"thread counts must be 1..{STRESS_MAX_THREADS} (kpool-stress's limit)")
     if isinstance(ops, dict):
         opsmap = {**DEFAULT_OPS, **{str(k): _int_arg("ops", v) for k, v in ops.items()}}
     elif ops is None:
         opsmap = dict(DEFAULT_OPS)
     else:
         opsmap = {w: _int_arg("ops", ops) for w in WORKLOADS}
-    if any(v < 1 for v in opsmap.values()):
-        raise ValueError("ops must be >= 1")
+    if any(v < 1 or v >= 1 << 64 for v in opsmap.values()):
+        raise ValueError("ops must be in 1..2**64-1")
     burst_bytes = DEFAULT_BURST_BYTES if burst_bytes is None else _int_arg("burst_bytes", burst_bytes)
     mem_rounds = min(repeat, MEMORY_ROUNDS if memory_rounds is None else _int_arg("memory_rounds", memory_rounds))
     seed = _int_arg("seed", seed)
@@ -1075,10 +1117,10 @@ def run(workloads=None, allocators=None, threads=None, ops=None, repeat=None, *,
         raise ValueError("seed must be in 0..2**64-repeat (round r runs with seed + r)")
     if size is not None:
         size = _int_arg("size", size)
-        if size < 0:
-            raise ValueError("size must be >= 0")
-    if burst_bytes < 0 or mem_rounds < 1:
-        raise ValueError("burst_bytes must be >= 0 and memory_rounds >= 1")
+        if size < 1:
+            raise ValueError("size must be >= 1 (None: the driver's 32 bytes)")
+    if burst_bytes < 1 or mem_rounds < 1:
+        raise ValueError("burst_bytes and memory_rounds must be >= 1")
     only_memory = all(w in MEMORY_WORKLOADS for w in wls)
     mem_threads = tlist if (threads is not None and only_memory) else [1]
 
@@ -1097,6 +1139,10 @@ def run(workloads=None, allocators=None, threads=None, ops=None, repeat=None, *,
                 k = rnd % len(cand)
                 for pos, a in enumerate(cand[k:] + cand[:k]):
                     plan.append((rnd, pos, w, t, a))
+
+    if not plan:
+        raise ValueError("nothing to run: no allocator given applies to the workloads given "
+                         "(kpool-pool runs pairs only; null runs no memory workload)")
 
     meta = {
         "machine": machine_info(),
@@ -1157,8 +1203,27 @@ def _csv(s):
     return [x.strip() for x in s.split(",") if x.strip()]
 
 
+def _int_csv(s):
+    """--threads: a comma list of integers (argparse reports a bad one)."""
+    import argparse
+    try:
+        return [int(x) for x in _csv(s)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma list of integers: {s!r}") from None
+
+
 def main(argv=None):
-    """``python -m kpool bench``: run the comparison and print the table."""
+    """``python -m kpool bench``: run the comparison and print the table.
+    Ctrl-C at any point exits 130 (after a measurement has begun: with what
+    was measured shown and saved, marked partial)."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("kpool bench: interrupted before any measurement", file=sys.stderr)
+        return 130
+
+
+def _main(argv):
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--real" in argv:
         from . import _bench_real as bench_real
@@ -1168,7 +1233,7 @@ def main(argv=None):
                                 description="Benchmark kpool against glibc, jemalloc, tcmalloc and mimalloc.")
     p.add_argument("--workloads", type=_csv, help=f"comma list (default {','.join(WORKLOADS)})")
     p.add_argument("--allocators", type=_csv, help="comma list (default: every available one)")
-    p.add_argument("--threads", type=_csv, help="comma list of thread counts (default 1,2,8)")
+    p.add_argument("--threads", type=_int_csv, help="comma list of thread counts (default 1,2,8)")
     p.add_argument("--ops", type=int, help="ops per measurement for every workload (default per workload)")
     p.add_argument("--rounds", type=int, help=f"rounds (default {DEFAULT_ROUNDS}; --quick 3)")
     p.add_argument("--burst-bytes", type=int, help="bytes for burst (default 1 GiB; --quick 128 MiB)")
@@ -1195,6 +1260,9 @@ def main(argv=None):
             print(f"  {al:<10} {state}" + (f" ({al.version})" if al.available and al.version else ""))
         return 0
 
+    if a.plot and not a.plot.lower().endswith(".png"):
+        print(f"kpool bench: --plot writes a PNG: give a path ending in .png, not {a.plot!r}", file=sys.stderr)
+        return 2
     old_run = None
     try:
         if a.compare:                 # read it before a long run, not after
@@ -1206,13 +1274,15 @@ def main(argv=None):
         print(f"kpool bench: cannot read {which}: {_why(e)}", file=sys.stderr)
         return 2
     if not a.load:
-        threads = [int(t) for t in a.threads] if a.threads else None
+        threads = a.threads or None
         ops, rounds, burst = a.ops, a.rounds, a.burst_bytes
-        if a.quick:
-            threads = threads or [1, 2]
-            rounds = rounds or 3
-            ops = ops or {w: max(1, v // 10) for w, v in DEFAULT_OPS.items()}
-            burst = burst or (128 << 20)
+        if a.quick:   # what was given stays (0 included: run() refuses it)
+            only_memory = a.workloads is not None and all(w in MEMORY_WORKLOADS for w in a.workloads)
+            if threads is None and not only_memory:
+                threads = [1, 2]
+            rounds = 3 if rounds is None else rounds
+            ops = {w: max(1, v // 10) for w, v in DEFAULT_OPS.items()} if ops is None else ops
+            burst = (128 << 20) if burst is None else burst
         mem_rounds = 1 if a.quick else None
         try:
             res = run(workloads=a.workloads, allocators=a.allocators, threads=threads, ops=ops, repeat=rounds,

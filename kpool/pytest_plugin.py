@@ -1,7 +1,10 @@
 """pytest plugin for code that uses kpool: memory per test, leaks, fixtures.
 
 pytest loads it by itself wherever kpool is installed (the pytest11 entry
-point "kpool"; ``-p no:kpool`` turns it off). Without its options it only
+point "kpool"; ``-p no:kpool`` turns it off, ``-p kpool`` loads it where
+entry points are disabled; ``-p kpool.pytest_plugin`` or a conftest's
+pytest_plugins naming the module would load it a second time, which pytest
+refuses). Without its options it only
 adds the fixtures and a marker. Loading it imports the kpool package, and
 with it kpool's C core (about 10 ms and 3 MB of RSS); the core's heap maps
 nothing until something allocates from it.
@@ -189,17 +192,22 @@ def buffer_pool(request):
     marker or indirect parametrization says otherwise), closed after the
     test; buffers still in use then fail the test's teardown."""
     kpool = _kpool()
-    args, kwargs = (4096,), {}
+    options = {"buffer_size": 4096}
     marker = request.node.get_closest_marker("kpool_buffer_pool")
     if marker is not None:
-        args, kwargs = tuple(marker.args) or args, dict(marker.kwargs)
+        if len(marker.args) > 1:
+            raise pytest.UsageError("kpool_buffer_pool takes one positional argument (buffer_size), "
+                                    "the rest by keyword")
+        if marker.args:
+            options["buffer_size"] = marker.args[0]
+        options.update(marker.kwargs)
+    # indirect parametrization: a size, or keyword arguments merged over the marker's
     param = getattr(request, "param", None)
     if isinstance(param, dict):
-        kwargs = dict(param)
-        args = (kwargs.pop("buffer_size"),) if "buffer_size" in kwargs else args
+        options.update(param)
     elif param is not None:
-        args = (param,)
-    pool = kpool.BufferPool(*args, **kwargs)
+        options["buffer_size"] = param
+    pool = kpool.BufferPool(**options)
     yield pool
     if pool.in_use:
         gc.collect()  # Blocks that only a reference cycle kept

@@ -286,6 +286,77 @@ def test_cli_unreadable_run_is_one_clean_error(tmp_path):
     assert "No such file or directory" in _cli("--load", str(missing)).stderr
 
 
+@pytest.mark.parametrize("content, why", [
+    ('{"records": [1]}', "not a list of measurements"),
+    ('[1, 2]', "not a list of measurements"),
+    ('{"records": {"a": 1}}', "not a list of measurements"),
+    ('{"records": [{"workload": "pairs", "threads": "x"}]}', "not a list of measurements"),
+    ('{"records": [], "meta": {"machine": "x"}}', "meta is not"),
+    ('{"format": "kpool-bench", "version": 99, "records": []}', "format version 99"),
+])
+def test_malformed_runs_are_value_errors_and_clean_cli_errors(tmp_path, content, why):
+    """JSON that is not a run used to crash load() (and --load, --compare,
+    saved_runs and the notebook) with AttributeError, or to load version 99
+    as if it were 1."""
+    path = tmp_path / "x.json"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=why):
+        bench.load(path)
+    assert bench.saved_runs(tmp_path) == []            # skipped, as the docstring says
+    out = _cli("--load", str(path))
+    assert out.returncode == 2 and "Traceback" not in out.stderr and why in out.stderr, out.stderr
+
+
+def test_repeated_names_are_measured_once_and_bad_plans_refused():
+    """`--threads 1,1` used to count as two rounds, with the system
+    baseline of the round being whichever duplicate came last."""
+    res = bench.run(workloads=["pairs", "pairs"], allocators=["system", "null", "system"], threads=[1, 1],
+                    ops=OPS, repeat=1)
+    assert len(res.records) == 2 and res.meta["params"]["threads"] == [1]
+    assert {s["allocator"]: s["rounds"] for s in res.summary()} == {"system": 1, "null": 1}
+    system = [s for s in res.summary() if s["allocator"] == "system"][0]
+    assert system["ratio_median"] == 1.0
+    base = dict(workloads=["pairs"], allocators=["null"], ops=100, repeat=1)
+    for bad, why in ((dict(workloads=[]), "no workloads"), (dict(allocators=[]), "no allocators"),
+                     (dict(threads=[5000]), "1..4096"), (dict(ops=1 << 64), "2\\*\\*64"),
+                     (dict(size=0), "size must be >= 1"), (dict(burst_bytes=0), "burst_bytes"),
+                     (dict(allocators=["kpool-pool"], workloads=["mixed"]), "nothing to run"),
+                     (dict(allocators=["null"], workloads=["burst"]), "nothing to run")):
+        with pytest.raises(ValueError, match=why):
+            bench.run(**{**base, **bad})
+
+
+def test_cli_argument_errors_are_exit_2_without_a_traceback(tmp_path):
+    for args, why in ((["--threads", "x"], "comma list of integers"), (["--threads", "1.5"], "comma list of integers"),
+                      (["--workloads", ""], "no workloads"), (["--allocators", ""], "no allocators"),
+                      (["--threads", "5000"], "1..4096"), (["--quick", "--rounds", "0"], "repeat"),
+                      (["--quick", "--ops", "0"], "ops must be"),
+                      (["--plot", str(tmp_path / "out.xyz")], "ending in .png")):
+        out = _cli(*args, "--no-progress", "--workloads" if "--workloads" not in args else "--seed",
+                   "pairs" if "--workloads" not in args else "1")
+        assert out.returncode == 2, (args, out.stdout[-500:], out.stderr[-500:])
+        assert "Traceback" not in out.stderr and why in out.stderr, (args, out.stderr)
+
+
+def test_compare_of_runs_with_nothing_in_common_says_so():
+    a = bench.run(workloads=["pairs"], allocators=["null"], threads=[1], ops=OPS, repeat=1)
+    b = bench.run(workloads=["mixed"], allocators=["null"], threads=[2], ops=OPS, repeat=1)
+    assert "nothing to compare" in bench.compare(a, b)
+    assert "nothing to compare" not in bench.compare(a, a)
+
+
+def test_to_numpy_marks_failed_measurements():
+    np = pytest.importorskip("numpy")
+    res = bench.Result([
+        {"workload": "pairs", "allocator": "kpool", "threads": 1, "round": 0, "ops_per_sec": 2e6, "error": None},
+        {"workload": "pairs", "allocator": "kpool", "threads": 1, "round": 1, "ops_per_sec": 9e9, "corrupt": 5},
+        {"workload": "pairs", "allocator": "kpool", "threads": 1, "round": 2, "ops_per_sec": 8e9, "error": "x"},
+    ], {})
+    arr = res.to_numpy()
+    assert arr["ok"].tolist() == [True, False, False]
+    assert np.median(arr[arr["ok"]]["ops_per_sec"]) == res.summary()[0]["mops_median"] * 1e6 == 2e6
+
+
 def test_memory_workloads():
     res = bench.run(workloads=["burst", "frag"], allocators=["system", "kpool"], ops={"frag": OPS}, repeat=1,
                     burst_bytes=4 << 20)

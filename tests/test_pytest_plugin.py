@@ -276,11 +276,22 @@ def test_buffer_pool_fixture(pytester):
         def test_indirect(buffer_pool):
             assert buffer_pool.buffer_size in (64, 512)
 
+        @pytest.mark.kpool_buffer_pool(buffer_size=128, capacity=3)   # the marker's help's own form
+        def test_marker_by_keyword(buffer_pool):
+            assert buffer_pool.buffer_size == 128 and buffer_pool.capacity == 3
+
+        @pytest.mark.kpool_buffer_pool(256, capacity=2)
+        @pytest.mark.parametrize("buffer_pool", [{"zero": True}, 1024], indirect=True)
+        def test_marker_and_indirect_merge(buffer_pool):
+            # the parameter's keywords go over the marker's, which stay
+            assert buffer_pool.capacity == 2
+            assert (buffer_pool.buffer_size, buffer_pool.zero) in ((256, True), (1024, False))
+
         def test_left_in_use(buffer_pool):
             pools.append(buffer_pool.acquire())
         """)
     result = pytester.runpytest()
-    result.assert_outcomes(passed=7, errors=1)  # test_left_in_use passed, its teardown did not
+    result.assert_outcomes(passed=10, errors=1)  # test_left_in_use passed, its teardown did not
     result.stdout.fnmatch_lines(["*buffer_pool: 1 buffer still in use after the test*"])
 
 
