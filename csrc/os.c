@@ -86,9 +86,12 @@ int _kp_os_protect_none(void *p, size_t size) { return mprotect(p, size, PROT_NO
  * one, and the page goes back at once. */
 static int one_mapping(char *p, size_t len) {
     size_t ps = _kp_os_page_size();
-    if (mremap(p, len, len + ps, 0) == MAP_FAILED) return errno != EFAULT;
-    munmap(p + len, ps);
-    return 1;
+    int saved_errno = errno;   /* a probe: a successful kp_realloc leaves errno as it was */
+    int one = 1;
+    if (mremap(p, len, len + ps, 0) == MAP_FAILED) one = errno != EFAULT;
+    else munmap(p + len, ps);
+    errno = saved_errno;
+    return one;
 }
 
 /* The longest prefix of [p, p + len) inside one mapping (a page at least). */

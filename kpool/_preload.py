@@ -5,7 +5,9 @@ allocation calls, and C++'s operator new and delete; it carries its own copy
 of kpool's heap (not the one kpool.malloc() uses in this process).
 """
 
+import errno
 import os
+import signal
 import subprocess
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -24,11 +26,17 @@ def get_preload():
 def preload_env(env=None, stats=False):
     """A copy of env (default: os.environ) that preloads kpool's malloc
     first, keeping any LD_PRELOAD already there. stats=True sets
-    KPOOL_STATS=1: kpool prints its statistics to stderr at exit."""
+    KPOOL_STATS=1: kpool prints its statistics to stderr at exit.
+    FileNotFoundError if the library is missing, or lies under a path that
+    LD_PRELOAD cannot hold (a space or a colon in it)."""
     env = dict(os.environ if env is None else env)
     lib = get_preload()
     if not os.path.exists(lib):
         raise FileNotFoundError("libkpool-malloc.so is not in this installation: " + lib)
+    if any(c in lib for c in " :\t\n"):
+        # ld.so splits LD_PRELOAD at spaces and colons: it would warn, and run CMD on glibc
+        raise FileNotFoundError("kpool is installed under a path LD_PRELOAD cannot name (it holds a space "
+                                "or a colon): " + lib)
     others = [p for p in env.get("LD_PRELOAD", "").replace(":", " ").split() if p != lib]
     env["LD_PRELOAD"] = " ".join([lib] + others)
     if stats:
@@ -80,8 +88,15 @@ def main(argv):
         return 1
     sys.stdout.flush()
     sys.stderr.flush()
+    # Python ignores SIGPIPE and SIGXFSZ, and exec keeps ignored signals:
+    # give CMD the defaults a shell would (`yes | head -1` then ends by
+    # SIGPIPE, not with a "Broken pipe" error).
+    for name in ("SIGPIPE", "SIGXFSZ"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_DFL)
     try:
         os.execvpe(argv[0], argv, env)
     except OSError as exc:
         print(f"python -m kpool run: cannot run {argv[0]!r}: {exc.strerror}", file=sys.stderr)
-        return 127
+        # as a shell: 126 for a file that is there but cannot be run, 127 for none
+        return 126 if isinstance(exc, PermissionError) or exc.errno == errno.ENOEXEC else 127

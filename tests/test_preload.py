@@ -4,7 +4,9 @@ under it with output identical to glibc's, the calls reach kpool, and
 import hashlib
 import os
 import re
+import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -217,6 +219,21 @@ def test_python_m_kpool_run_passes_the_exit_status_and_prints_stats():
     assert r.returncode == 127 and "cannot run" in r.stderr
     r = subprocess.run(cmd + ["--bogus", "true"], capture_output=True, text=True, env=env, cwd="/")
     assert r.returncode == 2 and "unknown option" in r.stderr
+    r = subprocess.run(cmd + ["--", "/etc/hostname"], capture_output=True, text=True, env=env, cwd="/")
+    assert r.returncode == 126 and "cannot run" in r.stderr      # there, but not a program: as a shell
+
+
+def test_python_m_kpool_run_gives_the_command_default_signals():
+    """Python ignores SIGPIPE and SIGXFSZ and exec keeps that: `yes | head`
+    under `python -m kpool run` printed "Broken pipe" and exited 1."""
+    env = dict(os.environ, PYTHONPATH=KPOOL_PARENT)
+    r = subprocess.run([sys.executable, "-m", "kpool", "run", "--", "sh", "-c", "grep SigIgn /proc/self/status"],
+                       capture_output=True, text=True, env=env, cwd="/")
+    ignored = int(r.stdout.split()[1], 16)
+    assert r.returncode == 0 and not ignored & (1 << (signal.SIGPIPE - 1)) and not ignored & (1 << (signal.SIGXFSZ - 1))
+    r = subprocess.run(f"{shlex.quote(sys.executable)} -m kpool run -- yes | head -1", shell=True,
+                       capture_output=True, text=True, env=env, cwd="/")
+    assert r.stdout == "y\n" and "Broken pipe" not in r.stderr, r.stderr
 
 
 def test_kpool_run_keeps_other_preloads_and_rejects_a_bare_string():

@@ -162,19 +162,25 @@ EXPORT int malloc_trim(size_t pad) {
     return kp_trim() > 0;
 }
 
-/* glibc's figures, answered from kpool's: arena = bytes mapped, hblkhd =
- * large blocks (their own spans), uordblks = in use, fordblks = free bytes
- * held (caches, central lists, page heap), keepcost = the largest free span.
- * Counts of chunks glibc keeps (ordblks, smblks, hblks) have no kpool
- * meaning and are 0. */
+/* glibc's figures, answered from kpool's with glibc's meanings: large
+ * blocks (over 256 KiB, their own spans) stand for glibc's mmapped chunks
+ * (hblks, hblkhd) and are not in arena or uordblks; arena = uordblks +
+ * fordblks, the small heap's bytes in use plus the free bytes kpool holds
+ * resident (caches, central lists, page heap; pages given back to the OS
+ * are not counted, so arena falls after malloc_trim); ordblks = free spans;
+ * keepcost = the largest free span. smblks, usmblks, fsmblks are 0. */
 EXPORT struct mallinfo2 mallinfo2(void) {
     kp_stats st = { .struct_size = offsetof(kp_stats, classes) };
     struct mallinfo2 mi = { 0 };
     if (kp_stats_get(&st) != 0) return mi;
-    mi.arena = st.bytes_mapped;
+    kp_pageheap_figures ph;
+    _kp_pageheap_figures(&ph);
+    mi.hblks = ph.large_allocs - ph.large_frees;
     mi.hblkhd = st.bytes_large;
-    mi.uordblks = st.bytes_in_use;
+    mi.uordblks = st.bytes_in_use > st.bytes_large ? st.bytes_in_use - st.bytes_large : 0;
     mi.fordblks = st.bytes_free_tcaches + st.bytes_free_central + st.bytes_free_pageheap;
+    mi.arena = mi.uordblks + mi.fordblks;
+    mi.ordblks = ph.spans_free;
     mi.keepcost = st.largest_free_span;
     return mi;
 }
@@ -184,6 +190,8 @@ EXPORT struct mallinfo mallinfo(void) {
     struct mallinfo mi = { 0 };
 #define CLAMP_INT(x) ((x) > (size_t)INT32_MAX ? INT32_MAX : (int)(x))
     mi.arena = CLAMP_INT(m.arena);
+    mi.ordblks = CLAMP_INT(m.ordblks);
+    mi.hblks = CLAMP_INT(m.hblks);
     mi.hblkhd = CLAMP_INT(m.hblkhd);
     mi.uordblks = CLAMP_INT(m.uordblks);
     mi.fordblks = CLAMP_INT(m.fordblks);
@@ -196,31 +204,67 @@ EXPORT void malloc_stats(void) { kp_stats_print(stderr); }
 
 /* ---- C++ operators ------------------------------------------------------------
  * The mangled names of operator new/delete. new: loop on the new_handler,
- * then throw std::bad_alloc (nothrow forms return NULL). libstdc++'s
- * functions are looked up when first needed: a program that calls
- * operator new has libstdc++ loaded. */
+ * then throw std::bad_alloc; the nothrow forms return NULL, through
+ * libstdc++'s own nothrow new when a handler is set (its try/catch stops a
+ * handler's exception, which must not leave a noexcept function). libstdc++'s
+ * functions are looked up when first needed, in the global scope and else in
+ * the scope of the library that called new: a program that calls operator
+ * new has libstdc++ loaded, but a library that Python or dlopen loaded with
+ * RTLD_LOCAL may have brought it in where the global scope cannot see it. */
 typedef void (*new_handler_fn)(void);
 typedef struct { char unused; } nothrow_tag;  /* std::nothrow_t, passed by reference */
+typedef void *(*nothrow_new_fn)(size_t, const nothrow_tag *);
+typedef void *(*nothrow_new_aligned_fn)(size_t, size_t, const nothrow_tag *);
 
-static void *cxx_symbol(const char *name) { return dlsym(RTLD_DEFAULT, name); }
+/* name in the scope of the object that holds caller (its dependencies
+ * included), or NULL. */
+static void *symbol_near(const char *name, const void *caller) {
+    Dl_info info;
+    if (!caller || !dladdr(caller, &info) || !info.dli_fname || !info.dli_fname[0]) return NULL;
+    void *h = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+    if (!h) return NULL;
+    void *s = dlsym(h, name);
+    dlclose(h);
+    return s;
+}
 
-/* NULL when there is no new_handler (then the caller fails). */
-static int call_new_handler(void) {
-    static new_handler_fn (*get_handler)(void);
-    if (!get_handler) get_handler = (new_handler_fn (*)(void))cxx_symbol("_ZSt15get_new_handlerv");
-    new_handler_fn h = get_handler ? get_handler() : NULL;
+static void *cxx_symbol(const char *name, const void *caller) {
+    void *s = dlsym(RTLD_DEFAULT, name);
+    return s ? s : symbol_near(name, caller);
+}
+
+/* libstdc++'s definition of name, not this library's (self), or NULL. */
+static void *cxx_next_symbol(const char *name, const void *caller, const void *self) {
+    void *s = dlsym(RTLD_NEXT, name);
+    if (!s || s == self) s = symbol_near(name, caller);
+    return s == self ? NULL : s;
+}
+
+static new_handler_fn current_new_handler(const void *caller) {
+    static new_handler_fn (*_Atomic get_handler)(void);
+    new_handler_fn (*get)(void) = atomic_load_explicit(&get_handler, memory_order_acquire);
+    if (!get) {
+        get = (new_handler_fn (*)(void))cxx_symbol("_ZSt15get_new_handlerv", caller);
+        if (get) atomic_store_explicit(&get_handler, get, memory_order_release);
+    }
+    return get ? get() : NULL;
+}
+
+/* 0 when there is no new_handler (then the caller fails). */
+static int call_new_handler(const void *caller) {
+    new_handler_fn h = current_new_handler(caller);
     if (!h) return 0;
     h();
     return 1;
 }
 
-__attribute__((noreturn)) static void throw_bad_alloc(void) {
-    void *(*allocate_exception)(size_t) = (void *(*)(size_t))cxx_symbol("__cxa_allocate_exception");
+__attribute__((noreturn)) static void throw_bad_alloc(const void *caller) {
+    void *(*allocate_exception)(size_t) = (void *(*)(size_t))cxx_symbol("__cxa_allocate_exception", caller);
     void (*cxa_throw)(void *, void *, void (*)(void *)) =
-        (void (*)(void *, void *, void (*)(void *)))cxx_symbol("__cxa_throw");
-    void *type_info = cxx_symbol("_ZTISt9bad_alloc");
-    char *vtable = cxx_symbol("_ZTVSt9bad_alloc");
-    void (*destroy)(void *) = (void (*)(void *))cxx_symbol("_ZNSt9bad_allocD1Ev");
+        (void (*)(void *, void *, void (*)(void *)))cxx_symbol("__cxa_throw", caller);
+    void *type_info = cxx_symbol("_ZTISt9bad_alloc", caller);
+    char *vtable = cxx_symbol("_ZTVSt9bad_alloc", caller);
+    void (*destroy)(void *) = (void (*)(void *))cxx_symbol("_ZNSt9bad_allocD1Ev", caller);
     if (allocate_exception && cxa_throw && type_info && vtable && destroy) {
         void **e = allocate_exception(sizeof(void *));
         *e = vtable + 2 * sizeof(void *);   /* the object's vptr: past offset-to-top and typeinfo */
@@ -231,13 +275,30 @@ __attribute__((noreturn)) static void throw_bad_alloc(void) {
     abort();
 }
 
-static void *cxx_new(size_t size, size_t align, int nothrow) {
+EXPORT void *_ZnwmRKSt9nothrow_t(size_t n, const nothrow_tag *t);
+EXPORT void *_ZnwmSt11align_val_tRKSt9nothrow_t(size_t n, size_t a, const nothrow_tag *t);
+
+static void *cxx_new(size_t size, size_t align, int nothrow, const void *caller) {
     for (;;) {
         void *p = align > KP_MIN_ALIGN ? kp_aligned_alloc(align, size) : kp_malloc(size);
         if (KP_LIKELY(p != NULL)) return p;
-        if (!call_new_handler()) {
+        if (nothrow && current_new_handler(caller)) {
+            /* libstdc++'s nothrow new calls the throwing one (this
+             * library's) inside its try/catch: NULL if the handler throws */
+            static const nothrow_tag tag;
+            if (align > KP_MIN_ALIGN) {
+                nothrow_new_aligned_fn f = (nothrow_new_aligned_fn)cxx_next_symbol(
+                    "_ZnwmSt11align_val_tRKSt9nothrow_t", caller, (const void *)_ZnwmSt11align_val_tRKSt9nothrow_t);
+                if (f) return f(size, align, &tag);
+            } else {
+                nothrow_new_fn f = (nothrow_new_fn)cxx_next_symbol("_ZnwmRKSt9nothrow_t", caller,
+                                                                     (const void *)_ZnwmRKSt9nothrow_t);
+                if (f) return f(size, &tag);
+            }
+        }
+        if (!call_new_handler(caller)) {
             if (nothrow) return NULL;
-            throw_bad_alloc();
+            throw_bad_alloc(caller);
         }
     }
 }
@@ -246,15 +307,23 @@ static void cxx_delete(void *p) { free(p); }
 static void cxx_delete_sized(void *p, size_t size) { free_sized(p, size); }
 
 /* operator new(size_t) and new[](size_t); the same with std::nothrow */
-EXPORT void *_Znwm(size_t n) { return cxx_new(n, 0, 0); }
-EXPORT void *_Znam(size_t n) { return cxx_new(n, 0, 0); }
-EXPORT void *_ZnwmRKSt9nothrow_t(size_t n, const nothrow_tag *t) { (void)t; return cxx_new(n, 0, 1); }
-EXPORT void *_ZnamRKSt9nothrow_t(size_t n, const nothrow_tag *t) { (void)t; return cxx_new(n, 0, 1); }
+#define CALLER __builtin_return_address(0)
+EXPORT void *_Znwm(size_t n) { return cxx_new(n, 0, 0, CALLER); }
+EXPORT void *_Znam(size_t n) { return cxx_new(n, 0, 0, CALLER); }
+EXPORT void *_ZnwmRKSt9nothrow_t(size_t n, const nothrow_tag *t) { (void)t; return cxx_new(n, 0, 1, CALLER); }
+EXPORT void *_ZnamRKSt9nothrow_t(size_t n, const nothrow_tag *t) { (void)t; return cxx_new(n, 0, 1, CALLER); }
 /* aligned (C++17) */
-EXPORT void *_ZnwmSt11align_val_t(size_t n, size_t a) { return cxx_new(n, a, 0); }
-EXPORT void *_ZnamSt11align_val_t(size_t n, size_t a) { return cxx_new(n, a, 0); }
-EXPORT void *_ZnwmSt11align_val_tRKSt9nothrow_t(size_t n, size_t a, const nothrow_tag *t) { (void)t; return cxx_new(n, a, 1); }
-EXPORT void *_ZnamSt11align_val_tRKSt9nothrow_t(size_t n, size_t a, const nothrow_tag *t) { (void)t; return cxx_new(n, a, 1); }
+EXPORT void *_ZnwmSt11align_val_t(size_t n, size_t a) { return cxx_new(n, a, 0, CALLER); }
+EXPORT void *_ZnamSt11align_val_t(size_t n, size_t a) { return cxx_new(n, a, 0, CALLER); }
+EXPORT void *_ZnwmSt11align_val_tRKSt9nothrow_t(size_t n, size_t a, const nothrow_tag *t) {
+    (void)t;
+    return cxx_new(n, a, 1, CALLER);
+}
+EXPORT void *_ZnamSt11align_val_tRKSt9nothrow_t(size_t n, size_t a, const nothrow_tag *t) {
+    (void)t;
+    return cxx_new(n, a, 1, CALLER);
+}
+#undef CALLER
 /* delete and delete[]: plain, sized (C++14), nothrow, aligned, aligned sized */
 EXPORT void _ZdlPv(void *p) { cxx_delete(p); }
 EXPORT void _ZdaPv(void *p) { cxx_delete(p); }

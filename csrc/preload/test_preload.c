@@ -27,11 +27,47 @@ static void test_the_calls_reach_kpool(void) {
     Dl_info info;
     CHECK(dladdr((void *)fn, &info) && strstr(info.dli_fname, "libkpool-malloc.so"));
     size_t before = mallinfo2().uordblks;
-    char *p = malloc(1 << 20);
+    char *p = malloc(1000);
     CHECK(p);
-    CHECK(mallinfo2().uordblks >= before + (1 << 20));    /* kpool's figures, not glibc's */
+    CHECK(mallinfo2().uordblks >= before + 1000);         /* kpool's figures, not glibc's */
     free(p);
     CHECK_EQ(mallinfo2().uordblks, before);
+}
+
+/* mallinfo2 with glibc's meanings: large blocks are its mmapped chunks
+ * (hblks, hblkhd), outside arena and uordblks; arena = uordblks + fordblks,
+ * and it falls when malloc_trim gives memory back. */
+static void test_mallinfo2_means_what_glibcs_does(void) {
+    struct mallinfo2 a = mallinfo2();
+    CHECK_EQ(a.arena, a.uordblks + a.fordblks);
+    char *big = malloc(10 << 20);
+    memset(big, 1, 10 << 20);
+    struct mallinfo2 b = mallinfo2();
+    CHECK_EQ(b.hblks, a.hblks + 1);
+    CHECK(b.hblkhd >= a.hblkhd + (10 << 20));
+    CHECK(b.uordblks < a.uordblks + (1 << 20));             /* not counted twice */
+    CHECK_EQ(b.arena, b.uordblks + b.fordblks);
+    enum { N = 20000 };
+    static char *small[N];
+    for (int i = 0; i < N; i++) small[i] = malloc(200);
+    struct mallinfo2 c = mallinfo2();
+    CHECK(c.uordblks >= b.uordblks + N * 200);
+    free(big);
+    for (int i = 0; i < N; i++) free(small[i]);
+    struct mallinfo2 d = mallinfo2();
+    CHECK_EQ(d.hblks, a.hblks);
+    CHECK_EQ(d.hblkhd, a.hblkhd);
+    CHECK(d.fordblks > a.fordblks);                          /* held free, resident */
+    malloc_trim(0);
+    struct mallinfo2 e = mallinfo2();
+    CHECK(e.arena < d.arena);                                /* given back: not in arena any more */
+    CHECK_EQ(e.arena, e.uordblks + e.fordblks);
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"   /* mallinfo: exported, so tested */
+    struct mallinfo old = mallinfo();
+#pragma GCC diagnostic pop
+    CHECK_EQ((size_t)old.hblks, e.hblks);
+    CHECK_EQ((size_t)old.ordblks, e.ordblks);
 }
 
 static void test_zero_sizes_follow_glibc(void) {
@@ -233,8 +269,32 @@ static void test_dlopen_and_dlclose(void) {
     }
 }
 
+/* C++ in a library loaded with RTLD_LOCAL (as Python loads extension
+ * modules): this C program has no libstdc++ of its own, so the plugin's is
+ * outside the global scope, where the operators used to look for it (a
+ * huge new aborted, and the new_handler was never called). */
+static void test_cxx_in_an_rtld_local_library(void) {
+    char path[4096];
+    ssize_t n = readlink("/proc/self/exe", path, sizeof path - 64);
+    CHECK(n > 0);
+    if (n <= 0) return;
+    path[n] = 0;
+    strcpy(strrchr(path, '/') + 1, "test_cxx_plugin.so");
+    CHECK(dlsym(RTLD_DEFAULT, "__cxa_throw") == NULL);   /* no libstdc++ in the global scope */
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    CHECK(h != NULL);
+    if (!h) return;
+    CHECK(dlsym(RTLD_DEFAULT, "__cxa_throw") == NULL);   /* still none: the plugin's is local */
+    int (*huge_new_throws)(void) = (int (*)(void))dlsym(h, "plugin_huge_new_throws");
+    int (*nothrow_with_throwing_handler)(void) = (int (*)(void))dlsym(h, "plugin_nothrow_new_with_a_throwing_handler");
+    CHECK(huge_new_throws && huge_new_throws() == 1);
+    CHECK(nothrow_with_throwing_handler && nothrow_with_throwing_handler() == 1);
+    dlclose(h);
+}
+
 int main(void) {
     RUN(test_the_calls_reach_kpool);
+    RUN(test_mallinfo2_means_what_glibcs_does);
     RUN(test_zero_sizes_follow_glibc);
     RUN(test_overflow_gives_enomem);
     RUN(test_aligned_calls);
@@ -244,5 +304,6 @@ int main(void) {
     RUN(test_threads_that_exit);
     RUN(test_fork_while_threads_allocate);
     RUN(test_dlopen_and_dlclose);
+    RUN(test_cxx_in_an_rtld_local_library);
     return DONE();
 }

@@ -17,6 +17,7 @@ static int failed;
 struct alignas(256) Wide { char bytes[300]; };
 static int handler_calls;
 static void out_of_memory() { handler_calls++; std::set_new_handler(nullptr); }
+static void throw_from_handler() { handler_calls++; throw std::bad_alloc(); }
 
 int main() {
     void *(*volatile plain_new)(std::size_t) = static_cast<void *(*)(std::size_t)>(&::operator new);
@@ -64,6 +65,14 @@ int main() {
         threw = true;
     }
     CHECK(threw);
+    // nothrow new whose handler throws: nullptr (a nothrow new must not let
+    // the handler's exception out; it used to terminate the program)
+    handler_calls = 0;
+    std::set_new_handler(throw_from_handler);
+    CHECK(new (std::nothrow) char[huge] == nullptr);
+    CHECK(new (std::nothrow) Wide[huge / 512] == nullptr);
+    CHECK(handler_calls == 2);
+    std::set_new_handler(nullptr);
     std::printf("%s test_preload_cxx\n", failed ? "FAIL" : "ok  ");
     return failed != 0;
 }
