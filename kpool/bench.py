@@ -92,6 +92,7 @@ DEFAULT_OPS = {
 }
 DEFAULT_BURST_BYTES = 1 << 30
 FORMAT_VERSION = 1   # of the JSON that Result.save writes
+MAX_ROUNDS = 100000   # the plan is built up front: a bound keeps it in memory
 STRESS_MAX_THREADS = 4096   # kpool-stress refuses more (csrc/stress/main.c)
 DEFAULT_THREADS = (1, 2, 8)
 DEFAULT_ROUNDS = 5
@@ -1097,8 +1098,8 @@ def run(workloads=None, allocators=None, threads=None, ops=None, repeat=None, *,
     if rounds is not None:
         repeat = rounds
     repeat = DEFAULT_ROUNDS if repeat is None else _int_arg("repeat", repeat)
-    if repeat < 1:
-        raise ValueError("repeat (rounds) must be >= 1")
+    if not 1 <= repeat <= MAX_ROUNDS:
+        raise ValueError(f"repeat (rounds) must be in 1..{MAX_ROUNDS}")
     tlist = _unique(_int_arg("threads", t) for t in _as_list(threads, DEFAULT_THREADS))
     if not tlist or any(t < 1 or t > STRESS_MAX_THREADS for t in tlist):
         raise ValueError(f"thread counts must be 1..{STRESS_MAX_THREADS} (kpool-stress's limit)")

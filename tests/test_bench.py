@@ -320,6 +320,7 @@ def test_repeated_names_are_measured_once_and_bad_plans_refused():
     for bad, why in ((dict(workloads=[]), "no workloads"), (dict(allocators=[]), "no allocators"),
                      (dict(threads=[5000]), "1..4096"), (dict(ops=1 << 64), "2\\*\\*64"),
                      (dict(size=0), "size must be >= 1"), (dict(burst_bytes=0), "burst_bytes"),
+                     (dict(repeat=10**9), "1..100000"),
                      (dict(allocators=["kpool-pool"], workloads=["mixed"]), "nothing to run"),
                      (dict(allocators=["null"], workloads=["burst"]), "nothing to run")):
         with pytest.raises(ValueError, match=why):
