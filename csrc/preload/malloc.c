@@ -8,8 +8,10 @@
  * Semantics follow glibc's where C leaves a choice: malloc(0) and
  * realloc(NULL, 0) return a unique block; realloc(p, 0) frees p and returns
  * NULL; overflow in calloc and reallocarray gives ENOMEM; posix_memalign
- * returns EINVAL or ENOMEM and leaves *memptr alone; memalign rounds an
- * alignment up to a power of two; free keeps errno.
+ * returns EINVAL or ENOMEM and leaves *memptr (and errno) alone; memalign
+ * rounds an alignment up to a power of two (EINVAL past 2^63); free keeps
+ * errno. aligned_alloc with an alignment that is not a power of two is
+ * EINVAL, as C17 and glibc 2.38 have it (older glibc rounded it up).
  *
  * Foreign pointers: a pointer kpool never mapped (glibc's own __libc_malloc
  * blocks, say) is handed to glibc: free to __libc_free, realloc to
@@ -86,17 +88,18 @@ EXPORT void *reallocarray(void *p, size_t count, size_t size) {
     return realloc(p, total);
 }
 
-/* glibc: alignments that are not a power of two are rounded up to one. */
+/* glibc: an alignment past 2^63 is EINVAL; one that is not a power of two
+ * is rounded up to one (2^63 at most: then ENOMEM, as no block fits). */
 EXPORT void *memalign(size_t alignment, size_t size) {
     if (alignment <= KP_MIN_ALIGN) return kp_malloc(size);
-    if (!_kp_is_pow2(alignment)) {
-        if (alignment > ((size_t)1 << 62)) {
-            errno = EINVAL;
-            return NULL;
-        }
-        alignment = (size_t)1 << (64 - __builtin_clzll(alignment));
+    if (alignment > SIZE_MAX / 2 + 1) {
+        errno = EINVAL;
+        return NULL;
     }
-    return kp_aligned_alloc(alignment, size);
+    if (!_kp_is_pow2(alignment)) alignment = (size_t)1 << (64 - __builtin_clzll(alignment));
+    void *p = kp_aligned_alloc(alignment, size);
+    if (!p) errno = ENOMEM;   /* the alignment is valid: what failed is finding room */
+    return p;
 }
 
 EXPORT void *aligned_alloc(size_t alignment, size_t size) {

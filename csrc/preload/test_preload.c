@@ -123,6 +123,13 @@ static void test_aligned_calls(void) {
     char *p = memalign(24, 100);                          /* glibc: rounded up to 32 */
     CHECK(p && (uintptr_t)p % 32 == 0);
     free(p);
+    /* glibc: past 2^63 EINVAL; below, rounded up, then no room: ENOMEM */
+    errno = 0;
+    CHECK(memalign(((size_t)1 << 63) + 1, 100) == NULL && errno == EINVAL);
+    errno = 0;
+    CHECK(memalign(((size_t)1 << 62) + 1, 100) == NULL && errno == ENOMEM);
+    errno = 0;
+    CHECK(memalign((size_t)1 << 63, 100) == NULL && errno == ENOMEM);
     long page = sysconf(_SC_PAGESIZE);
     p = valloc(10);
     CHECK(p && (uintptr_t)p % (uintptr_t)page == 0);
