@@ -233,12 +233,12 @@ static inline int small_class_ok(unsigned cls) { return cls - 1u < KP_NUM_CLASSE
 
 /* ---- large blocks ----------------------------------------------------------------- */
 
-/* A large block of size bytes aligned to align; *zeroed (if not NULL) says
- * its pages read as zero. NULL + ENOMEM. */
 /* Larger than any mapping can be: a request past it fails with ENOMEM
  * before a page count is computed (near SIZE_MAX that count wraps). */
 #define LARGE_MAX ((size_t)1 << (KP_ADDRESS_BITS - 1))
 
+/* A large block of size bytes aligned to align; *zeroed (if not NULL) says
+ * its pages read as zero. NULL + ENOMEM. */
 static void *large_alloc(size_t size, size_t align, int *zeroed) {
     _kp_init();
     if (size > LARGE_MAX) {

@@ -88,8 +88,8 @@ static inline size_t _kp_align_up(size_t x, size_t a) { return (x + a - 1) & ~(a
  * With KP_HARDEN_LINKS the link is stored as next ^ _kp_link_key (a random
  * key drawn at start-up; NULL too is encoded), so a use-after-free write or
  * an overflow into a free block decodes to a wild value, which the next pop
- * sees (a link that is not 16-byte aligned or not below 2^48) instead of handing out an
- * address an attacker chose. With KP_HARDEN_MARKS a free checks the mark
+ * sees (a link that is not 16-byte aligned, or not below 2^48) instead of
+ * handing out an address an attacker chose. With KP_HARDEN_MARKS a free checks the mark
  * (a double free, however long after the first free) and sets it; a
  * handed-out block has it (and its link) cleared. Only a program that
  * stores that random value in word 1 of a live block would be taken for a

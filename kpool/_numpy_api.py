@@ -126,8 +126,8 @@ class use_for_numpy:
     in any order: the mode ends when the last of them is restored, and a
     ``with use_for_numpy()`` block that ends while it is on leaves kpool's
     handler in place. A restored object cannot be used again: ``with`` on
-    it raises RuntimeError. Threads that are already
-    running, or started with _thread.start_new_thread, keep their handler.
+    it raises RuntimeError. Threads that are already running, or started
+    with _thread.start_new_thread, keep their handler.
 
     Needs numpy 1.22 or newer; ImportError without it.
     """

@@ -184,12 +184,13 @@ class ObjectPool(Generic[T]):
         seconds, then raises PoolExhausted. PoolExhausted is a TimeoutError.
         ValueError once the pool is closed.
         """
-        if timeout.__class__ is not float or timeout != 0.0:
-            timeout = _timeout_arg(timeout)
         return self._get(timeout)[0]
 
     def _get(self, timeout):
-        """get(): the object and the ticket of its hand-out."""
+        """get() and borrow(): the object and the ticket of its hand-out;
+        timeout as get() takes it, checked here."""
+        if timeout.__class__ is not float or timeout != 0.0:   # the default 0.0 needs no check
+            timeout = _timeout_arg(timeout)
         with self._lock:
             obj = self._take_locked("get")
             if obj is _AT_CAPACITY:
@@ -477,8 +478,6 @@ class ObjectPool(Generic[T]):
         """Context manager: get(timeout) an object and put() it back on exit
         (unless it was put back or discarded inside the block: then the exit
         leaves it alone, also when another user has got it since)."""
-        if timeout.__class__ is not float or timeout != 0.0:
-            timeout = _timeout_arg(timeout)
         obj, ticket = self._get(timeout)
         try:
             yield obj

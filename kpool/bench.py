@@ -869,7 +869,7 @@ def load(path):
         raise ValueError(f"{path}: a real-program run (python -m kpool bench --real), not a kpool-stress run")
     if data.get("partial"):
         meta = dict(meta, partial=True)
-    res = Result(data.get("records", []), meta)
+    res = Result(records, meta)
     res.path = Path(path)
     return res
 

@@ -148,7 +148,7 @@ int kpy_align_arg(PyObject *o, const char *name, size_t max, size_t *out) {
 /* A number of seconds: a float or an integer (numpy's too), not a bool:
  * acquire(True) reads as threading's blocking=True, and would wait 1 s. */
 static int kpy_is_seconds(PyObject *o) {
-    return !PyBool_Check(o) && (PyFloat_Check(o) || PyLong_Check(o) || PyIndex_Check(o));
+    return !PyBool_Check(o) && (PyFloat_Check(o) || PyIndex_Check(o));
 }
 
 int kpy_timeout_arg(PyObject *o, double *seconds, int *forever) {
@@ -799,8 +799,8 @@ PyDoc_STRVAR(stress_cancel_doc,
 "Stop every kpool.stress() run in progress, in any thread: each returns\n"
 "promptly with stopped=True, stop_reason='cancel' (a run still setting up\n"
 "stops as its threads start). Returns how many runs were in progress,\n"
-"those setting up included. kpool calls it when the interpreter exits, so a run in a\n"
-"worker thread does not keep the process alive.");
+"those setting up included. kpool calls it when the interpreter exits, so\n"
+"a run in a worker thread does not keep the process alive.");
 
 PyDoc_STRVAR(live_blocks_doc,
 "live_blocks($module, /)\n--\n\n"
